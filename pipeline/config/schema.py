@@ -1,0 +1,146 @@
+"""The typed, nested, frozen config tree.
+
+One dataclass per section; the field's type, default and allowed values are the whole
+definition (no `cfg.get(key, default)` anywhere else). Names follow veRL where the concept is
+shared (`rollout.n`, `rollout.temperature`, `data.train_batch_size`, ...). Constraints that
+need more than a type live in `field(metadata={"check": ...})` and are enforced by
+`pipeline.config.validate`, which reports every problem at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+def _check(rule: str, fn) -> dict:
+    """Metadata for a field: `fn(value) -> bool` must hold; `rule` says what is allowed."""
+    return {"check": (rule, fn)}
+
+
+def positive(default):
+    return field(default=default, metadata=_check("a number > 0", lambda v: v > 0))
+
+
+def non_negative(default):
+    return field(default=default, metadata=_check("a number >= 0", lambda v: v >= 0))
+
+
+def fraction(default):
+    return field(default=default, metadata=_check("a number in (0, 1]", lambda v: 0 < v <= 1))
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where prompts come from and how responses are scored."""
+
+    task: Optional[str] = "sort"  # built-in task; null when `path` names a user data set
+    path: Optional[str] = None  # local .jsonl/.json/.parquet/arrow dir, or a `datasets` name
+    split: str = "train"
+    prompt_key: str = "prompt"
+    answer_key: str = "answer"
+    reward: Optional[str] = None  # task name or `module:function`; default: the task's own
+    partial_credit: bool = True
+    train_size: int = positive(256)  # prompts generated for a built-in task
+    eval_size: int = positive(128)
+    train_batch_size: int = positive(16)  # prompts per RL step (veRL name)
+    max_prompt_length: int = positive(32)  # tokens
+    shuffle: bool = True
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The policy: a local Hugging-Face directory (or hub name where the hub is reachable)."""
+
+    path: str = "models/tiny-sort"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    trust_remote_code: bool = False
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """The vLLM rollout engine and its sampling parameters."""
+
+    n: int = field(default=8, metadata=_check("an integer >= 2 (GRPO needs a group)", lambda v: v >= 2))
+    temperature: float = non_negative(1.0)
+    top_p: float = fraction(1.0)
+    top_k: int = field(default=-1, metadata=_check("-1 (off) or an integer >= 1", lambda v: v == -1 or v >= 1))
+    max_tokens: int = positive(160)  # response length cap, tokens
+    gpu_memory_utilization: float = fraction(0.08)  # on CPU: fraction of host RAM
+    kv_cache_gib: float = positive(1.0)  # VLLM_CPU_KVCACHE_SPACE on CPU
+    enforce_eager: bool = True
+    max_num_seqs: int = positive(256)
+    tensor_parallel_size: int = positive(1)
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Speculative decoding (drafts verified losslessly by vLLM's rejection sampler)."""
+
+    method: Literal["none", "ngram", "suffix", "history", "group", "history+group"] = "none"
+    num_speculative_tokens: int = positive(8)  # per-request draft length cap
+    history_epochs: int = positive(2)  # K: epochs of history per prompt tree
+    min_path_prob: float = fraction(0.1)  # cut drafts where the path probability falls below
+    reward_weighted: bool = False  # RhymeRL's reward-aware tree
+    max_cached_prompts: int = positive(4096)  # trees kept outside the current batch
+
+
+@dataclass(frozen=True)
+class SchedConfig:
+    """Placement of one step's rollout work over the rollout workers."""
+
+    policy: Literal["auto", "static", "histopipe", "seer"] = "auto"  # auto: seer when W > 1
+    chunk_tokens: int = positive(64)
+    sim_requests_per_worker: int = positive(64)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """GRPO and its optimiser."""
+
+    total_steps: int = positive(20)
+    lr: float = positive(1e-4)
+    weight_decay: float = non_negative(0.0)
+    grad_clip: float = non_negative(1.0)  # 0 = off
+    ppo_mini_batch_size: int = positive(16)  # prompts per optimiser step (veRL name)
+    ppo_micro_batch_size: int = positive(64)  # sequences per forward/backward
+    ppo_epochs: int = positive(1)
+    clip_ratio_low: float = fraction(0.2)
+    clip_ratio_high: float = fraction(0.2)
+    adv_estimator: Literal["grpo", "grpo_no_std"] = "grpo"
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
+    kl_coef: float = non_negative(0.0)  # 0 = no reference policy
+    kl_type: Literal["low_var_kl", "k1", "k2"] = "low_var_kl"
+
+
+@dataclass(frozen=True)
+class DeepSpeedConfig:
+    """The trainer's DeepSpeed engine."""
+
+    zero_stage: int = field(default=1, metadata=_check("0, 1, 2 or 3", lambda v: v in (0, 1, 2, 3)))
+    bf16: bool = False
+    torch_adam: bool = True
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Run directory, cadence and reproducibility."""
+
+    dir: str = "runs/tiny"
+    seed: int = 0
+    checkpoint_every: int = positive(10)  # steps
+    keep_checkpoints: int = positive(2)
+    eval_every: int = non_negative(0)  # steps; 0 = only at the end
+    threads: int = non_negative(0)  # torch threads per rank; 0 = leave torch's default
+
+
+@dataclass(frozen=True)
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    spec: SpecConfig = field(default_factory=SpecConfig)
+    sched: SchedConfig = field(default_factory=SchedConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    run: RunConfig = field(default_factory=RunConfig)

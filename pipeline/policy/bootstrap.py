@@ -1,0 +1,120 @@
+"""`init-model`: tokenizer + tiny model + SFT warm-up, saved in Hugging-Face format.
+
+The output directory is built in a temp folder beside it and renamed into place, so a
+crash never leaves a directory that looks like a model but is not. `rhymectl_model.json`
+records what built it; a second call with the same settings returns at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from pipeline.policy.model import TinyArch, build_model, count_parameters
+from pipeline.policy.sft import SFTSettings, greedy_generate, run_sft
+from pipeline.policy.tokenizer import train_char_tokenizer
+from pipeline.tasks.base import get_task, task_names
+
+MANIFEST = "rhymectl_model.json"
+BUILD_VERSION = 1  # bump when the recipe changes, so stale caches are rebuilt
+
+
+@dataclass(frozen=True)
+class InitSpec:
+    task: str = "sort"
+    seed: int = 0
+    arch: TinyArch = field(default_factory=TinyArch)
+    sft: SFTSettings = field(default_factory=SFTSettings)
+    sft_rows: int = 20000
+    eval_rows: int = 256
+
+    def fingerprint(self) -> str:
+        blob = json.dumps({"v": BUILD_VERSION, **asdict(self)}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def cached_manifest(out: Path, spec: InitSpec) -> dict | None:
+    """The manifest of `out` if it was built with exactly `spec`, else None."""
+    try:
+        manifest = json.loads((out / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if manifest.get("fingerprint") != spec.fingerprint():
+        return None
+    if not (out / "model.safetensors").is_file() or not (out / "tokenizer.json").is_file():
+        return None
+    return manifest
+
+
+def held_out_rows(task_name: str, seed: int, n: int, exclude_ids: set[str]) -> list[dict]:
+    """Prompts from a different seed that the SFT data never contained."""
+    rows = get_task(task_name).generate(n * 3, seed + 7919)
+    return [r for r in rows if r["id"] not in exclude_ids][:n]
+
+
+def init_model(out: Path, spec: InitSpec, force: bool = False,
+               on_sft_step: Callable[[int, float], None] | None = None) -> dict:
+    """Build (or reuse) the tiny policy in `out`; returns its manifest."""
+    if not force and (hit := cached_manifest(out, spec)):
+        return {**hit, "cached": True}
+    get_task(spec.task)  # fail fast on an unknown task
+    started = time.time()
+    torch.manual_seed(spec.seed)
+    texts = [r["prompt"] + r["solution"] for name in task_names()
+             for r in get_task(name).generate(500, spec.seed)]
+    tokenizer = train_char_tokenizer(texts)
+    model = build_model(tokenizer, spec.arch, spec.seed)
+    sft_rows = get_task(spec.task).generate(spec.sft_rows, spec.seed)
+    losses = run_sft(model, tokenizer, sft_rows, spec.sft, on_sft_step)
+    evals = held_out_rows(spec.task, spec.seed, spec.eval_rows, {r["id"] for r in sft_rows})
+    accuracy = greedy_accuracy(model, tokenizer, spec.task, evals, spec.arch.max_positions)
+    manifest = {
+        "fingerprint": spec.fingerprint(),
+        "task": spec.task,
+        "seed": spec.seed,
+        "parameters": count_parameters(model),
+        "arch": spec.arch.to_dict(),
+        "sft": {"steps": spec.sft.steps, "loss_first": losses[0], "loss_last": losses[-1],
+                "loss_min": min(losses), "loss_curve": _summary_curve(losses)},
+        "heldout": {"prompts": len(evals), "greedy_accuracy": accuracy},
+        "build_seconds": round(time.time() - started, 1),
+    }
+    _save_atomically(out, model, tokenizer, manifest)
+    return {**manifest, "cached": False}
+
+
+def greedy_accuracy(model, tokenizer, task_name: str, rows: list[dict], max_positions: int) -> float:
+    task = get_task(task_name)
+    responses = greedy_generate(model, tokenizer, [r["prompt"] for r in rows],
+                                max_new_tokens=max_positions - 32)
+    hits = [task.is_correct(r["prompt"], resp, r["answer"]) for r, resp in zip(rows, responses)]
+    return sum(hits) / max(1, len(hits))
+
+
+def _summary_curve(losses: list[float], points: int = 10) -> list[float]:
+    stride = max(1, len(losses) // points)
+    return [round(sum(losses[i: i + stride]) / len(losses[i: i + stride]), 4)
+            for i in range(0, len(losses), stride)]
+
+
+def _save_atomically(out: Path, model, tokenizer, manifest: dict) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

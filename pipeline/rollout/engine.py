@@ -1,0 +1,129 @@
+"""The vLLM adapter: the only module that imports vLLM.
+
+One in-process engine per rank (colocated with the trainer, as veRL's hybrid engine and
+TRL's colocate mode do): `VLLM_ENABLE_V1_MULTIPROCESSING=0` keeps the engine core in this
+process so weights can be pushed in place; under torchrun the `external_launcher` backend
+lets every rank run its own engine (data-parallel rollout).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import torch
+
+from pipeline.config.schema import ModelConfig, RolloutConfig
+
+
+@dataclass
+class Completion:
+    """One response. `logprobs[i]` is vLLM's logprob of `token_ids[i]` (raw target model)."""
+
+    request_id: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    gen_seconds: float
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    n: int
+    temperature: float
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 128
+    seed: int | None = None
+
+
+def _prepare_environment(rollout: RolloutConfig) -> None:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(rollout.kv_cache_gib))))
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+class RolloutEngine:
+    """generate / update_weights / sleep / wake — the rollout contract the loop relies on."""
+
+    def __init__(self, model: ModelConfig, rollout: RolloutConfig, max_model_len: int, seed: int):
+        _prepare_environment(rollout)
+        from vllm import LLM
+
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        kwargs = dict(
+            model=model.path,
+            tokenizer=model.path,
+            dtype=model.dtype,
+            seed=seed,
+            enforce_eager=rollout.enforce_eager,
+            gpu_memory_utilization=rollout.gpu_memory_utilization,
+            max_model_len=max_model_len,
+            max_num_seqs=rollout.max_num_seqs,
+            tensor_parallel_size=rollout.tensor_parallel_size,
+            trust_remote_code=model.trust_remote_code,
+            disable_log_stats=False,  # per-request timestamps for the history store
+        )
+        if distributed:
+            kwargs["distributed_executor_backend"] = "external_launcher"
+        self.llm = LLM(**kwargs)
+        self.loaded_version = 0
+
+    # -- generation ---------------------------------------------------------------------
+    def generate(self, prompts: Sequence[list[int]], spec: SamplingSpec) -> list[list[Completion]]:
+        """`spec.n` responses per prompt (token-id prompts) → one list of completions per prompt.
+
+        Each response is its own request (the prompt repeated), so every response has its own
+        id, timing and finish reason, and greedy decoding (which vLLM restricts to n=1 under
+        speculation) needs no special case.
+        """
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        requests, params = [], []
+        for p_idx, ids in enumerate(prompts):
+            for k in range(spec.n):
+                requests.append(TokensPrompt(prompt_token_ids=list(ids)))
+                seed = None if spec.seed is None else spec.seed + p_idx * spec.n + k
+                params.append(SamplingParams(
+                    n=1, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
+                    max_tokens=spec.max_tokens, logprobs=0, seed=seed))
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        groups: list[list[Completion]] = [[] for _ in prompts]
+        for i, out in enumerate(outputs):
+            groups[i // spec.n].append(_completion(out))
+        return groups
+
+    # -- weights ------------------------------------------------------------------------
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Load Hugging-Face-named tensors in place, then drop cached prefixes of old weights."""
+        runner = self.model_runner()
+        runner.reload_weights(weights_iterator=iter(named_tensors))
+        self.llm.reset_prefix_cache()
+        self.loaded_version = version
+
+    def model_runner(self):
+        return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner
+
+    # -- memory -------------------------------------------------------------------------
+    def sleep(self) -> None:
+        """Free accelerator memory for the trainer (a no-op on CPU)."""
+        if torch.cuda.is_available():
+            self.llm.sleep(level=1)
+
+    def wake(self) -> None:
+        if torch.cuda.is_available():
+            self.llm.wake_up()
+
+
+def _completion(out) -> Completion:
+    c = out.outputs[0]
+    logprobs = [lp[t].logprob for lp, t in zip(c.logprobs or [], c.token_ids)]
+    stats = out.metrics
+    gen = 0.0
+    if stats is not None and getattr(stats, "last_token_ts", 0) and getattr(stats, "scheduled_ts", 0):
+        gen = max(0.0, stats.last_token_ts - stats.scheduled_ts)
+    return Completion(request_id=out.request_id, token_ids=list(c.token_ids), logprobs=logprobs,
+                      finish_reason=str(c.finish_reason or "length"), gen_seconds=gen)

