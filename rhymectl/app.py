@@ -17,7 +17,7 @@ except ImportError:  # pragma: no cover
     from click import exceptions as click_exc
 
 from pipeline.errors import UsageError
-from rhymectl import cmd_doctor, cmd_init_model, cmd_train
+from rhymectl import cmd_doctor, cmd_init_model, cmd_report, cmd_train
 
 app = typer.Typer(
     name="rhymectl",
@@ -28,7 +28,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-for module in (cmd_init_model, cmd_train, cmd_doctor):
+for module in (cmd_init_model, cmd_train, cmd_report, cmd_doctor):
     module.register(app)
 
 
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     if debug:
         os.environ["RHYMECTL_DEBUG"] = "1"  # torchrun children inherit it
     try:
-        app(args=args, prog_name="rhymectl", standalone_mode=False)
+        result = app(args=args, prog_name="rhymectl", standalone_mode=False)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:
@@ -63,7 +63,11 @@ def main(argv: list[str] | None = None) -> None:
             raise
         _fail(f"{type(exc).__name__}: {exc} (rerun with --debug for the traceback)",
               getattr(exc, "exit_code", 1))
-    sys.exit(0)
+    # With standalone_mode=False typer hands back Exit codes (Ctrl-C becomes 130) as values.
+    code = getattr(result, "exit_code", result if isinstance(result, int) else 0)
+    if code == 130:
+        _fail("interrupted", 130)
+    sys.exit(code)
 
 
 def _fail(message: str, code: int) -> None:

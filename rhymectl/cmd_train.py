@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from rhymectl.output import emit_json, out
+from rhymectl.output import emit_json, log, out
 
 
 def register(app: typer.Typer) -> None:
@@ -33,18 +33,27 @@ def train(
     extra = list(overrides or [])
     if run_dir is not None:
         extra.append(f"run.dir={run_dir}")
+    import os
+
     cfg = load_config(config, extra)
-    facts = preflight(cfg, world_size=nproc)
+    facts = preflight(cfg, world_size=int(os.environ.get("WORLD_SIZE", nproc)))
     if dry_run:
         if json_out:
             emit_json({"config": to_dict(cfg), "checks": facts})
         else:
-            out.print(to_yaml(cfg), end="")
+            out.print(to_yaml(cfg), end="", markup=False)
             out.print("# checks passed: " + ", ".join(f"{k}={v}" for k, v in facts.items()))
         return
     from pipeline.loop.launch import launch
 
     result = launch(cfg, config_path=config, overrides=extra, resume=resume, force=force,
-                    nproc=nproc)
+                    nproc=nproc, console=log, json_out=json_out)
+    if result is None:
+        return  # another rank reports, or torchrun's ranks already did
     if json_out:
         emit_json(result)
+    else:
+        last = result["last"]
+        out.print(f"[bold]{result['run_dir']}[/]: {result['steps']} steps in {result['seconds']} s; "
+                  f"last step reward {last.get('reward_mean', float('nan')):.3f}, "
+                  f"accuracy {last.get('accuracy', float('nan')):.1%}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import fields, is_dataclass
@@ -18,6 +19,24 @@ import yaml
 
 from pipeline.config.schema import Config
 from pipeline.errors import UsageError
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that also reads `1e-4` as a float (YAML 1.2 does; PyYAML's 1.1 does not)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+    |\.[0-9_]+(?:[eE][-+][0-9]+)?
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."))
+
+
+def _safe_load(text: str):
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 — a SafeLoader subclass
 
 
 class ConfigError(UsageError):
@@ -36,7 +55,7 @@ def read_yaml(path: str | Path) -> dict:
         raise UsageError(f"config file {path} does not exist; pass the path of a YAML file "
                          f"(see sample_configs/)")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = _safe_load(path.read_text())
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -51,15 +70,33 @@ def read_yaml(path: str | Path) -> dict:
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
-    """`rollout.n=4` → (["rollout", "n"], 4); the value is parsed as YAML (safe)."""
+    """`rollout.n=4` → (["rollout", "n"], 4).
+
+    The value is parsed as YAML (safe) unless the key names a string field, whose value is
+    taken verbatim (paths with `#`, `module:function`, a directory called `2024`).
+    """
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise UsageError(f"override '{text}' is not key=value; write e.g. rollout.n=8")
+    path = key.strip().split(".")
+    if _is_string_field(path) and raw.strip() not in ("null", "~", ""):
+        return path, raw.strip()
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = _safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
-    return key.strip().split("."), value
+    return path, value
+
+
+def _is_string_field(path: list[str]) -> bool:
+    cls = Config
+    for part in path:
+        if not is_dataclass(cls) or part not in {f.name for f in fields(cls)}:
+            return False
+        cls = typing.get_type_hints(cls)[part]
+    if get_origin(cls) in (Union, types.UnionType):
+        cls = next(a for a in get_args(cls) if a is not type(None))
+    return cls is str
 
 
 def apply_overrides(tree: dict, overrides: list[str]) -> dict:

@@ -19,7 +19,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 @dataclass(frozen=True)
 class SFTSettings:
     steps: int = 1500
-    batch_size: int = 48
+    batch_tokens: int = 2048  # padded tokens per batch: short examples come many to a batch
     lr: float = 3e-3
     warmup: int = 50
     seed: int = 0
@@ -46,6 +46,25 @@ def collate(batch: Sequence[tuple[list[int], int]], pad_id: int) -> tuple[torch.
     return ids, labels
 
 
+def length_buckets(examples: Sequence[tuple[list[int], int]], batch_tokens: int,
+                   rng: random.Random) -> list[list[tuple[list[int], int]]]:
+    """Batches of similar length, each at most `batch_tokens` once padded.
+
+    The length distribution is long-tailed, so a random batch is almost always padded to
+    the longest example; grouping by length cuts the padded work several-fold.
+    """
+    ordered = sorted(examples, key=lambda e: (len(e[0]), rng.random()))
+    batches, current = [], []
+    for ex in ordered:
+        if current and len(ex[0]) * (len(current) + 1) > batch_tokens:
+            batches.append(current)
+            current = []
+        current.append(ex)
+    if current:
+        batches.append(current)
+    return batches
+
+
 def lr_at(step: int, s: SFTSettings) -> float:
     if step < s.warmup:
         return s.lr * (step + 1) / s.warmup
@@ -58,6 +77,8 @@ def run_sft(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, rows: Se
     """Train in place; returns the loss of every step (mean token cross-entropy, nats)."""
     examples = encode_pairs(tokenizer, rows)
     rng = random.Random(settings.seed)
+    batches = length_buckets(examples, settings.batch_tokens, rng)
+    order: list[int] = []
     torch.manual_seed(settings.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.0)
     model.train()
@@ -65,7 +86,9 @@ def run_sft(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, rows: Se
     for step in range(settings.steps):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, settings)
-        ids, labels = collate(rng.sample(examples, settings.batch_size), tokenizer.pad_token_id)
+        if not order:  # a fresh pass over all batches, in random order
+            order = rng.sample(range(len(batches)), len(batches))
+        ids, labels = collate(batches[order.pop()], tokenizer.pad_token_id)
         logits = model(input_ids=ids).logits[:, :-1]
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1),
                                ignore_index=-100)

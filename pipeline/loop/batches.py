@@ -1,0 +1,54 @@
+"""Which prompts each step trains on: a pure function of (seed, step), so a resumed run
+sees exactly the batches an uninterrupted one would."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from pipeline.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    text: str
+    answer: str
+
+
+class PromptSource:
+    """Epochs over a fixed prompt set: shuffled per epoch, last partial batch dropped."""
+
+    def __init__(self, rows: list[dict], batch_size: int, seed: int, shuffle: bool = True):
+        seen: dict[str, Prompt] = {}
+        for row in rows:  # a generated task may repeat a prompt; one copy per epoch
+            seen.setdefault(row["id"], Prompt(row["id"], row["prompt"], row["answer"]))
+        self.prompts = list(seen.values())
+        if len(self.prompts) < batch_size:
+            raise UsageError(f"the data set has {len(self.prompts)} distinct prompts, fewer than "
+                             f"data.train_batch_size = {batch_size}; lower it or add data")
+        self.batch_size = batch_size
+        self.seed = seed
+        self.shuffle = shuffle
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return len(self.prompts) // self.batch_size
+
+    def epoch_of(self, step: int) -> int:
+        return step // self.steps_per_epoch
+
+    def batch(self, step: int) -> list[Prompt]:
+        """The global batch of `step` (0-based)."""
+        epoch, index = divmod(step, self.steps_per_epoch)
+        order = list(range(len(self.prompts)))
+        if self.shuffle:
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        picked = order[index * self.batch_size: (index + 1) * self.batch_size]
+        return [self.prompts[i] for i in picked]
+
+
+def shard(batch: list[Prompt], rank: int, world_size: int) -> list[Prompt]:
+    """This rank's contiguous share (veRL's static split; smarter placement is `sched`)."""
+    per_rank = len(batch) // world_size
+    return batch[rank * per_rank: (rank + 1) * per_rank]

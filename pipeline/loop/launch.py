@@ -1,0 +1,46 @@
+"""Start a run: in this process (one rank, or a rank that torchrun started), or by starting
+torchrun with N ranks on this node (`--nproc N`). Multi-node jobs call torchrun themselves
+(`torchrun ... -m rhymectl train ...`; see sample_configs/slurm.sh)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from pipeline.config import Config
+from pipeline.errors import RuntimeFailure
+from pipeline.loop import rundir
+
+
+def under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
+
+
+def launch(cfg: Config, config_path: Path, overrides: list[str], resume: bool, force: bool,
+           nproc: int, console, json_out: bool = False) -> dict | None:
+    """Returns the run summary on the rank that reports (rank 0), else None."""
+    rundir.check_run_dir(cfg, resume, force)
+    if nproc > 1 and not under_torchrun():
+        return spawn(config_path, overrides, resume, force, nproc, json_out)
+    from pipeline.loop.run import run
+
+    return run(cfg, resume, force, console)
+
+
+def spawn(config_path: Path, overrides: list[str], resume: bool, force: bool, nproc: int,
+          json_out: bool) -> None:
+    from pipeline.loop.dist import free_port
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+           f"--master_addr=127.0.0.1", f"--master_port={free_port()}",
+           "-m", "rhymectl", "train", str(config_path), *overrides]
+    cmd += ["--resume"] * resume + ["--force"] * force + ["--json"] * json_out
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1")
+    code = subprocess.call(cmd, env=env)
+    if code == 2:
+        sys.exit(2)  # a rank already printed the usage error
+    if code:
+        raise RuntimeFailure(f"torchrun exited with code {code}; see the ranks' errors above")
+    return None

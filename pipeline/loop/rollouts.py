@@ -1,0 +1,71 @@
+"""From prompts to trainable rollouts: generate groups, score them, pad them, record them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from pipeline.history.store import RolloutRecord, prompt_hash
+from pipeline.loop.batches import Prompt
+from pipeline.rollout.engine import Completion, RolloutEngine, SamplingSpec
+from pipeline.train import grpo
+from pipeline.train.actor import Batch
+
+
+@dataclass
+class Rollout:
+    """One response of one group, with everything the step needs downstream."""
+
+    prompt: Prompt
+    prompt_ids: list[int]
+    sample_index: int
+    completion: Completion
+    text: str = ""
+    reward: float = 0.0
+
+    @property
+    def length(self) -> int:
+        return len(self.completion.token_ids)
+
+
+def generate(engine: RolloutEngine, tokenizer, prompts: Sequence[Prompt], spec: SamplingSpec) -> list[Rollout]:
+    """`spec.n` responses per prompt, flattened group by group."""
+    prompt_ids = [tokenizer(p.text)["input_ids"] for p in prompts]
+    groups = engine.generate(prompt_ids, spec)
+    out = []
+    for prompt, ids, group in zip(prompts, prompt_ids, groups):
+        for k, completion in enumerate(group):
+            text = tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+            out.append(Rollout(prompt, ids, k, completion, text))
+    return out
+
+
+def score(rollouts: list[Rollout], reward_fn: Callable[[str, str, str], float]) -> None:
+    for r in rollouts:
+        r.reward = float(reward_fn(r.prompt.text, r.text, r.prompt.answer))
+
+
+def to_batch(rollouts: list[Rollout], pad_id: int, adv_estimator: str) -> Batch:
+    """Right-padded [N, T] ids with group-normalised advantages (groups = prompt ids)."""
+    seqs = [r.prompt_ids + r.completion.token_ids for r in rollouts]
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s)
+    estimator = grpo.get_advantage_estimator(adv_estimator)
+    # Group key: a prompt may appear twice in one batch only as distinct groups.
+    groups = [(r.prompt.id, id(r.prompt)) for r in rollouts]
+    adv = estimator([r.reward for r in rollouts], groups)
+    return Batch(ids, torch.tensor([len(r.prompt_ids) for r in rollouts]),
+                 torch.tensor([len(s) for s in seqs]), adv.float())
+
+
+def to_records(rollouts: list[Rollout], epoch: int, step: int, version: int) -> list[RolloutRecord]:
+    return [RolloutRecord(
+        prompt_id=r.prompt.id, prompt_hash=prompt_hash(r.prompt_ids), epoch=epoch, step=step,
+        policy_version=version, sample_index=r.sample_index,
+        response_ids=list(r.completion.token_ids), length=r.length,
+        finish_reason=r.completion.finish_reason, reward=r.reward,
+        gen_seconds=r.completion.gen_seconds) for r in rollouts]

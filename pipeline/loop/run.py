@@ -1,0 +1,153 @@
+"""A training run on one rank: setup → steps → cleanup.
+
+Rank 0 owns the run directory (config, metrics, history, checkpoint commits); every rank
+holds one vLLM engine and one DeepSpeed engine over the same policy.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.config import Config
+from pipeline.history.store import HistoryStore
+from pipeline.loop import dist, rundir
+from pipeline.loop.batches import PromptSource
+from pipeline.loop.metrics import LiveView, MetricsLog
+from pipeline.loop.preflight import load_prompts
+from pipeline.loop.step import rl_step
+from pipeline.train import checkpoint
+
+
+@dataclass
+class Context:
+    cfg: Config
+    rank: int
+    world_size: int
+    engine: object
+    actor: object
+    tokenizer: object
+    prompts: PromptSource
+    reward_fn: object
+    run_dir: Path
+    policy_version: int = 0
+    start_step: int = 0
+    history: HistoryStore | None = None
+    metrics: MetricsLog | None = None
+    summary: dict = field(default_factory=dict)
+
+
+def run(cfg: Config, resume: bool, force: bool, console) -> dict:
+    rank, world = dist.init()
+    rundir.check_run_dir(cfg, resume, force)  # every rank, before rank 0 writes anything
+    dist.barrier()
+    dist.bind_cpu_threads()
+    ctx = setup(cfg, rank, world, resume, force)
+    train(ctx, console)
+    dist.barrier()
+    return ctx.summary if rank == 0 else None
+
+
+def setup(cfg: Config, rank: int, world: int, resume: bool, force: bool) -> Context:
+    from transformers import AutoTokenizer
+
+    from pipeline.rollout.engine import RolloutEngine
+    from pipeline.tasks.data import resolve_reward
+    from pipeline.train.actor import Actor
+
+    if cfg.run.threads:
+        import torch
+        torch.set_num_threads(cfg.run.threads)
+    run_dir = Path(cfg.run.dir)
+    if rank == 0:
+        rundir.start(cfg, resume, force)
+    dist.barrier()
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    prompts = PromptSource(list(load_prompts(cfg)), cfg.data.train_batch_size, cfg.data.seed,
+                           cfg.data.shuffle)
+    reward_fn = resolve_reward(cfg.data.reward or cfg.data.task, cfg.data.partial_credit)
+    actor = Actor(cfg, world)
+    engine = RolloutEngine(cfg.model, cfg.rollout,
+                           cfg.data.max_prompt_length + cfg.rollout.max_tokens, cfg.run.seed)
+    ctx = Context(cfg, rank, world, engine, actor, tokenizer, prompts, reward_fn, run_dir)
+    if rank == 0:
+        ctx.history = HistoryStore(run_dir)
+        ctx.metrics = MetricsLog(run_dir)
+    if resume:
+        restore(ctx)
+    return ctx
+
+
+def restore(ctx: Context) -> None:
+    """Load the last complete checkpoint and roll history and metrics back to it."""
+    from pipeline.errors import UsageError
+
+    ckpt = checkpoint.latest(ctx.run_dir / "checkpoints")
+    if ckpt is None:
+        raise UsageError(f"--resume: {ctx.run_dir} has no complete checkpoint yet; start over "
+                         f"with --force")
+    state = checkpoint.read_state(ckpt)
+    if state["world_size"] != ctx.world_size:
+        raise UsageError(f"--resume: the checkpoint was written by {state['world_size']} ranks, "
+                         f"this run has {ctx.world_size}; use --nproc {state['world_size']}")
+    ctx.actor.load(ckpt)
+    checkpoint.load_rng(ckpt, ctx.rank)
+    ctx.start_step = state["step"]
+    ctx.policy_version = state["policy_version"]
+    ctx.engine.update_weights(ctx.actor.named_weights(), ctx.policy_version)
+    if ctx.rank == 0:
+        ctx.history.truncate_after(state["history_last_step"])
+        ctx.metrics.truncate_after(state["step"])
+    dist.barrier()
+
+
+def train(ctx: Context, console) -> None:
+    cfg = ctx.cfg
+    total = cfg.train.total_steps
+    started = time.time()
+    last: dict = {}
+    view = LiveView(total, console, start_step=ctx.start_step) if ctx.rank == 0 else None
+    with view if view else _Null():
+        for step in range(ctx.start_step, total):
+            result = rl_step(ctx, step)
+            if ctx.rank == 0:
+                t0 = time.perf_counter()
+                ctx.history.append(step, result.records)
+                result.metrics["time_history_s"] = round(time.perf_counter() - t0, 4)
+            if (step + 1) % cfg.run.checkpoint_every == 0 or step + 1 == total:
+                t0 = time.perf_counter()
+                save(ctx, step + 1)
+                result.metrics["time_checkpoint_s"] = round(time.perf_counter() - t0, 4)
+            if ctx.rank == 0:
+                ctx.metrics.append(result.metrics)
+                view.update(result.metrics)
+            last = result.metrics
+    ctx.summary = {"run_dir": str(ctx.run_dir), "steps": total, "last": last,
+                   "seconds": round(time.time() - started, 1)}
+
+
+def save(ctx: Context, steps_done: int) -> None:
+    root = ctx.run_dir / "checkpoints"
+    if ctx.rank == 0:
+        checkpoint.prepare(root, steps_done)
+    dist.barrier()
+    tmp = checkpoint.tmp_dir(root, steps_done)
+    ctx.actor.save(tmp, tmp / "policy" if ctx.rank == 0 else None)
+    checkpoint.save_rng(tmp, ctx.rank)
+    dist.barrier()
+    if ctx.rank == 0:
+        state = {"step": steps_done, "epoch": ctx.prompts.epoch_of(steps_done - 1),
+                 "policy_version": ctx.policy_version, "history_last_step": steps_done - 1,
+                 "world_size": ctx.world_size, "pid": os.getpid()}
+        checkpoint.commit(root, steps_done, state, Path(ctx.cfg.model.path), ctx.cfg.run.keep_checkpoints)
+    dist.barrier()
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

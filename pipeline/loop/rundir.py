@@ -1,0 +1,95 @@
+"""The run directory: its identity (config + model fingerprints) and the checks that keep
+one run from overwriting or resuming another.
+
+    RUN_DIR/config.yaml     resolved config        RUN_DIR/run.json   fingerprints
+    RUN_DIR/metrics.jsonl   one line per step      RUN_DIR/history/   rollout store
+    RUN_DIR/checkpoints/step-NNNNNN/   complete checkpoints only (see train.checkpoint)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+from pipeline.atomic import write_json_atomic, write_text_atomic
+from pipeline.config import Config, to_dict, to_yaml
+from pipeline.errors import UsageError
+
+# Keys a resumed run may change without becoming a different run.
+RESUMABLE_KEYS = ("run.dir", "train.total_steps", "run.checkpoint_every", "run.keep_checkpoints",
+                  "run.eval_every", "run.threads")
+OWN_ENTRIES = {"config.yaml", "run.json", "metrics.jsonl", "history", "checkpoints", "report",
+               "rollout.log"}
+
+
+def config_fingerprint(cfg: Config) -> str:
+    tree = to_dict(cfg)
+    for key in RESUMABLE_KEYS:
+        section, name = key.split(".")
+        tree[section].pop(name, None)
+    return hashlib.sha256(json.dumps(tree, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def model_fingerprint(model_dir: str | Path) -> str:
+    """Config and tokenizer contents plus weight file names and sizes (cheap for 7B too)."""
+    d = Path(model_dir)
+    h = hashlib.sha256()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        if (d / name).is_file():
+            h.update(name.encode() + (d / name).read_bytes())
+    for f in sorted(d.glob("*.safetensors")) + sorted(d.glob("*.bin")):
+        h.update(f"{f.name}:{f.stat().st_size}".encode())
+    return h.hexdigest()[:16]
+
+
+def identity(cfg: Config) -> dict:
+    return {"config": config_fingerprint(cfg), "model": model_fingerprint(cfg.model.path),
+            "model_path": cfg.model.path}
+
+
+def check_run_dir(cfg: Config, resume: bool, force: bool) -> None:
+    """Refuse, before any work, to overwrite or resume a run that is not this one."""
+    d = Path(cfg.run.dir)
+    entries = {p.name for p in d.iterdir()} if d.is_dir() else set()
+    if d.exists() and not d.is_dir():
+        raise UsageError(f"run.dir = {d} is a file; choose a directory")
+    if not entries:
+        if resume:
+            raise UsageError(f"--resume: {d} holds no run to resume; drop --resume to start one")
+        return
+    if "run.json" not in entries:
+        raise UsageError(f"run.dir = {d} is not empty and holds no rhymectl run (no run.json); "
+                         f"choose another run.dir")
+    try:
+        old = json.loads((d / "run.json").read_text())
+    except (OSError, ValueError):
+        raise UsageError(f"{d}/run.json is unreadable; remove the directory or choose another "
+                         f"run.dir") from None
+    if resume:
+        new = identity(cfg)
+        for key, what in (("config", "config"), ("model", "model")):
+            if old.get(key) != new[key]:
+                raise UsageError(
+                    f"--resume: {d} was written with another {what} (fingerprint {old.get(key)}, "
+                    f"this one {new[key]}); use the run's own config ({d}/config.yaml) or a "
+                    f"new run.dir")
+        return
+    if not force:
+        raise UsageError(f"run.dir = {d} already holds a run; pass --resume to continue it or "
+                         f"--force to replace it")
+
+
+def start(cfg: Config, resume: bool, force: bool) -> Path:
+    """Create (or, with --force, clear) the run directory; rank 0 only."""
+    d = Path(cfg.run.dir)
+    if force and not resume and (d / "run.json").is_file():
+        for entry in d.iterdir():
+            if entry.name in OWN_ENTRIES:
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    d.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        write_text_atomic(d / "config.yaml", to_yaml(cfg))
+        write_json_atomic(d / "run.json", identity(cfg))
+    return d

@@ -1,0 +1,72 @@
+"""One synchronous, on-policy GRPO step as a short sequence of named, timed phases."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.loop import dist, rollouts
+from pipeline.loop.batches import shard
+from pipeline.loop.metrics import summarize_lengths
+from pipeline.loop.timer import PhaseTimer
+from pipeline.rollout.engine import SamplingSpec
+
+
+@dataclass
+class StepResult:
+    metrics: dict
+    records: list  # this step's RolloutRecords, all ranks (rank 0 persists them)
+
+
+def rl_step(ctx, step: int) -> StepResult:
+    """ctx: a `pipeline.loop.run.Context` (engine, actor, tokenizer, data, config, ranks)."""
+    cfg, phases = ctx.cfg, PhaseTimer()
+    epoch = ctx.prompts.epoch_of(step)
+    mine = shard(ctx.prompts.batch(step), ctx.rank, ctx.world_size)
+    version = ctx.policy_version
+
+    with phases("rollout"):
+        ctx.engine.wake()
+        group = rollouts.generate(ctx.engine, ctx.tokenizer, mine, sampling(cfg, step))
+        ctx.engine.sleep()
+    with phases("reward"):
+        rollouts.score(group, ctx.reward_fn)
+    with phases("train"):
+        batch = rollouts.to_batch(group, ctx.tokenizer.pad_token_id, cfg.train.adv_estimator)
+        train_metrics = ctx.actor.update(batch)
+    with phases("sync"):
+        ctx.engine.update_weights(ctx.actor.named_weights(), version + 1)
+        ctx.policy_version = version + 1
+    with phases("gather"):
+        records = rollouts.to_records(group, epoch, step, version)
+        everything = dist.all_gather((records, train_metrics, phases.seconds.get("rollout", 0.0)))
+    records = [r for rank_records, _, _ in everything for r in rank_records]
+    return StepResult(step_metrics(step, epoch, version, records, everything, phases), records)
+
+
+def sampling(cfg, step: int) -> SamplingSpec:
+    """Per-step seeds: the same step samples the same way after a resume."""
+    r = cfg.rollout
+    return SamplingSpec(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                        max_tokens=r.max_tokens, seed=(cfg.run.seed * 1_000_003 + step) * 65_536)
+
+
+def step_metrics(step, epoch, version, records, everything, phases: PhaseTimer) -> dict:
+    rewards = [r.reward for r in records]
+    lengths = [r.length for r in records]
+    lens = summarize_lengths(lengths)
+    train = [m for _, m, _ in everything]
+    rollout_s = max(s for _, _, s in everything)  # the step waits for the slowest rank
+    out = {
+        "step": step + 1, "epoch": epoch, "policy_version": version,
+        "reward_mean": sum(rewards) / len(rewards),
+        "accuracy": sum(r >= 1.0 - 1e-9 for r in rewards) / len(rewards),
+        "resp_len_mean": lens["mean"], "resp_len_p90": lens["p90"], "resp_len_max": lens["max"],
+        "truncated_frac": sum(r.finish_reason == "length" for r in records) / len(records),
+        "gen_tokens": sum(lengths),
+        "gen_tokens_per_s": sum(lengths) / rollout_s if rollout_s > 0 else 0.0,
+    }
+    for key in train[0]:
+        out[f"train_{key}"] = sum(m[key] for m in train) / len(train)
+    out.update(phases.as_metrics())
+    out["time_rollout_s"] = round(rollout_s, 4)
+    return out
