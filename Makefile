@@ -16,7 +16,8 @@ setup:
 
 demo: setup
 	$(RHYME) init-model
-	$(RHYME) train sample_configs/tiny.yaml --dry-run
+	$(RHYME) train sample_configs/tiny.yaml --force
+	$(RHYME) report runs/tiny
 
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests

@@ -21,7 +21,7 @@ def init_model(
     task: str = typer.Option("sort", help="Built-in task the SFT warm-up uses."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Model directory [models/tiny-TASK]."),
     seed: int = typer.Option(0, help="Seed: same seed, same model."),
-    steps: Optional[int] = typer.Option(None, min=1, help="SFT steps [1500]."),
+    steps: Optional[int] = typer.Option(None, min=1, help="SFT steps [400]."),
     force: bool = typer.Option(False, "--force", help="Rebuild even if cached."),
     json_out: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
 ) -> None:
@@ -53,7 +53,7 @@ def init_model(
     state = "cached, unchanged" if manifest["cached"] else f"built in {manifest['build_seconds']} s"
     out.print(f"[bold]{target}[/] ({state})")
     out.print(f"  parameters      {manifest['parameters']:,}")
-    out.print(f"  SFT             {sft['steps']} steps, loss {sft['loss_first']:.3f} → "
-              f"{sft['loss_last']:.3f} (curve: {', '.join(f'{x:.2f}' for x in sft['loss_curve'])})")
+    out.print(f"  SFT             {sft['steps']} steps, loss {sft['loss_curve'][0]:.3f} → "
+              f"{sft['loss_curve'][-1]:.3f} (mean per tenth: {', '.join(f'{x:.2f}' for x in sft['loss_curve'])})")
     out.print(f"  held-out greedy accuracy  {manifest['heldout']['greedy_accuracy']:.1%} "
               f"on {manifest['heldout']['prompts']} prompts ({task})")

@@ -53,7 +53,10 @@ def train(
     if json_out:
         emit_json(result)
     else:
-        last = result["last"]
-        out.print(f"[bold]{result['run_dir']}[/]: {result['steps']} steps in {result['seconds']} s; "
-                  f"last step reward {last.get('reward_mean', float('nan')):.3f}, "
-                  f"accuracy {last.get('accuracy', float('nan')):.1%}")
+        out.print(f"[bold]{result['run_dir']}[/]: {result['steps']} steps in {result['seconds']} s")
+        evals = result.get("eval") or []
+        if len(evals) >= 2:
+            first, last = evals[0], evals[-1]
+            out.print(f"  held-out greedy accuracy {first['accuracy']:.1%} (step {first['step']}) → "
+                      f"{last['accuracy']:.1%} (step {last['step']}) on {last['prompts']} prompts; "
+                      f"reward {first['reward_mean']:.3f} → {last['reward_mean']:.3f}")

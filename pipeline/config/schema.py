@@ -35,6 +35,7 @@ class DataConfig:
 
     task: Optional[str] = "sort"  # built-in task; null when `path` names a user data set
     path: Optional[str] = None  # local .jsonl/.json/.parquet/arrow dir, or a `datasets` name
+    eval_path: Optional[str] = None  # held-out prompts for a user data set (same format)
     split: str = "train"
     prompt_key: str = "prompt"
     answer_key: str = "answer"
@@ -130,7 +131,7 @@ class RunConfig:
     seed: int = 0
     checkpoint_every: int = positive(10)  # steps
     keep_checkpoints: int = positive(2)
-    eval_every: int = non_negative(0)  # steps; 0 = only at the end
+    eval_every: int = non_negative(0)  # steps; 0 = before the first step and after the last only
     threads: int = non_negative(0)  # torch threads per rank; 0 = leave torch's default
 
 

@@ -71,8 +71,8 @@ def _builtin(value: Any) -> Any:
 class MetricsLog:
     """`<run_dir>/metrics.jsonl`, one record per step. One process writes; any may read."""
 
-    def __init__(self, run_dir: str | Path):
-        self.path = Path(run_dir) / METRICS_FILE
+    def __init__(self, run_dir: str | Path, name: str = METRICS_FILE):
+        self.path = Path(run_dir) / name
         self._tail_checked = False
 
     def append(self, record: dict) -> None:

@@ -15,10 +15,13 @@ from pipeline.config import Config
 from pipeline.history.store import HistoryStore
 from pipeline.loop import dist, rundir
 from pipeline.loop.batches import PromptSource
+from pipeline.loop.evaluate import eval_prompts, evaluate
 from pipeline.loop.metrics import LiveView, MetricsLog
 from pipeline.loop.preflight import load_prompts
 from pipeline.loop.step import rl_step
 from pipeline.train import checkpoint
+
+EVAL_FILE = "eval.jsonl"
 
 
 @dataclass
@@ -36,6 +39,8 @@ class Context:
     start_step: int = 0
     history: HistoryStore | None = None
     metrics: MetricsLog | None = None
+    evals: MetricsLog | None = None
+    eval_set: list = field(default_factory=list)
     summary: dict = field(default_factory=dict)
 
 
@@ -52,6 +57,9 @@ def run(cfg: Config, resume: bool, force: bool, console) -> dict:
 
 def setup(cfg: Config, rank: int, world: int, resume: bool, force: bool) -> Context:
     from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the live view is the progress display
 
     from pipeline.rollout.engine import RolloutEngine
     from pipeline.tasks.data import resolve_reward
@@ -72,9 +80,11 @@ def setup(cfg: Config, rank: int, world: int, resume: bool, force: bool) -> Cont
     engine = RolloutEngine(cfg.model, cfg.rollout,
                            cfg.data.max_prompt_length + cfg.rollout.max_tokens, cfg.run.seed)
     ctx = Context(cfg, rank, world, engine, actor, tokenizer, prompts, reward_fn, run_dir)
+    ctx.eval_set = eval_prompts(cfg, {p.id for p in prompts.prompts})
     if rank == 0:
         ctx.history = HistoryStore(run_dir)
         ctx.metrics = MetricsLog(run_dir)
+        ctx.evals = MetricsLog(run_dir, EVAL_FILE)
     if resume:
         restore(ctx)
     return ctx
@@ -100,6 +110,7 @@ def restore(ctx: Context) -> None:
     if ctx.rank == 0:
         ctx.history.truncate_after(state["history_last_step"])
         ctx.metrics.truncate_after(state["step"])
+        ctx.evals.truncate_after(state["step"])
     dist.barrier()
 
 
@@ -109,8 +120,11 @@ def train(ctx: Context, console) -> None:
     started = time.time()
     last: dict = {}
     view = LiveView(total, console, start_step=ctx.start_step) if ctx.rank == 0 else None
+    if ctx.start_step == 0:
+        run_eval(ctx, 0)
     with view if view else _Null():
         for step in range(ctx.start_step, total):
+            step_started = time.perf_counter()
             result = rl_step(ctx, step)
             if ctx.rank == 0:
                 t0 = time.perf_counter()
@@ -120,12 +134,28 @@ def train(ctx: Context, console) -> None:
                 t0 = time.perf_counter()
                 save(ctx, step + 1)
                 result.metrics["time_checkpoint_s"] = round(time.perf_counter() - t0, 4)
+            result.metrics["time_step_s"] = round(time.perf_counter() - step_started, 4)
+            every = cfg.run.eval_every
+            if (every and (step + 1) % every == 0) or step + 1 == total:
+                for key, value in run_eval(ctx, step + 1).items():
+                    result.metrics[f"eval_{key}"] = value
             if ctx.rank == 0:
                 ctx.metrics.append(result.metrics)
                 view.update(result.metrics)
             last = result.metrics
     ctx.summary = {"run_dir": str(ctx.run_dir), "steps": total, "last": last,
-                   "seconds": round(time.time() - started, 1)}
+                   "seconds": round(time.time() - started, 1),
+                   "eval": ctx.evals.read() if ctx.evals else []}
+
+
+def run_eval(ctx: Context, steps_done: int) -> dict:
+    """Greedy held-out evaluation; appended to eval.jsonl by rank 0."""
+    if not ctx.eval_set:
+        return {}
+    result = evaluate(ctx, ctx.eval_set)
+    if ctx.rank == 0:
+        ctx.evals.append({"step": steps_done, **result})
+    return result
 
 
 def save(ctx: Context, steps_done: int) -> None:

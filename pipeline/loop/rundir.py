@@ -20,8 +20,8 @@ from pipeline.errors import UsageError
 # Keys a resumed run may change without becoming a different run.
 RESUMABLE_KEYS = ("run.dir", "train.total_steps", "run.checkpoint_every", "run.keep_checkpoints",
                   "run.eval_every", "run.threads")
-OWN_ENTRIES = {"config.yaml", "run.json", "metrics.jsonl", "history", "checkpoints", "report",
-               "rollout.log"}
+OWN_ENTRIES = {"config.yaml", "run.json", "metrics.jsonl", "eval.jsonl", "history", "checkpoints",
+               "report"}
 
 
 def config_fingerprint(cfg: Config) -> str:

@@ -18,7 +18,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 @dataclass(frozen=True)
 class SFTSettings:
-    steps: int = 1500
+    steps: int = 400
     batch_tokens: int = 2048  # padded tokens per batch: short examples come many to a batch
     lr: float = 3e-3
     warmup: int = 50

@@ -70,9 +70,11 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None,
         ax.legend()
         return fig
 
+    reward_fig = line_plot("Reward and accuracy", "mean over the step's responses",
+                           [("reward_mean", "reward mean"), ("accuracy", "accuracy")])
+    _add_evals(reward_fig.axes[0], run_dir)
     figures = {
-        "reward.png": line_plot("Reward and accuracy", "mean over the step's responses",
-                                [("reward_mean", "reward mean"), ("accuracy", "accuracy")]),
+        "reward.png": reward_fig,
         "length.png": line_plot("Response length", "tokens",
                                 [("resp_len_mean", "mean"), ("resp_len_p90", "p90"),
                                  ("resp_len_max", "max")]),
@@ -83,6 +85,17 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None,
         paths.append(write_atomic(out_dir / filename,
                                   lambda tmp, fig=fig: fig.savefig(tmp, format="png", dpi=110)))
     return paths
+
+
+def _add_evals(ax, run_dir: Path) -> None:
+    """Held-out greedy accuracy (eval.jsonl, written by training) as a second series."""
+    from pipeline.loop.metrics import MetricsLog
+
+    evals = MetricsLog(run_dir, "eval.jsonl").read()
+    if evals:
+        ax.plot([e["step"] for e in evals], [_number(e.get("accuracy")) for e in evals],
+                marker="s", color="black", label="held-out greedy accuracy")
+        ax.legend()
 
 
 def _phases_figure(records: list[dict], steps: list, name: str):

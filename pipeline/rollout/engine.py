@@ -41,7 +41,7 @@ class SamplingSpec:
 def _prepare_environment(rollout: RolloutConfig) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(rollout.kv_cache_gib))))
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # rhymectl reports what matters
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
@@ -98,9 +98,42 @@ class RolloutEngine:
 
     # -- weights ------------------------------------------------------------------------
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Load Hugging-Face-named tensors in place, then drop cached prefixes of old weights."""
+        """Load Hugging-Face-named tensors in place, then drop cached prefixes of old weights.
+
+        vLLM's layer-wise reload restores a layer's old tensors when nothing was loaded into
+        it. A tied `lm_head` is such a layer (the checkpoint has no lm_head.weight), and since
+        it shares its tensor with `embed_tokens`, the restore silently undoes the new
+        embedding. Tensors whose names map one-to-one onto vLLM parameters (embeddings,
+        norms) are therefore copied again after the reload; fused ones (qkv, gate_up) are not
+        affected.
+        """
         runner = self.model_runner()
-        runner.reload_weights(weights_iterator=iter(named_tensors))
+        direct = {n: p.shape for n, p in runner.get_model().named_parameters()}
+        stash: dict[str, torch.Tensor] = {}
+
+        def fits(name: str, tensor: torch.Tensor) -> bool:
+            # vLLM pads vocabulary rows (to a multiple of 64): compare the other dims.
+            shape = direct.get(name)
+            return (shape is not None and len(shape) == tensor.dim()
+                    and shape[1:] == tensor.shape[1:] and shape[0] >= tensor.shape[0])
+
+        def tee():
+            for name, tensor in named_tensors:
+                if fits(name, tensor):
+                    stash[name] = tensor
+                yield name, tensor
+
+        runner.reload_weights(weights_iterator=tee())
+        model = runner.get_model()
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for name, tensor in stash.items():
+                params[name].data[: tensor.shape[0]].copy_(tensor.to(params[name].dtype))
+        lm_head = getattr(model, "lm_head", None)
+        if lm_head is not None and getattr(model.config, "tie_word_embeddings", False):
+            # On CPU the lm_head GEMM runs on a packed copy made after loading: re-make it
+            # from the (shared, now updated) embedding.
+            lm_head.quant_method.process_weights_after_loading(lm_head)
         self.llm.reset_prefix_cache()
         self.loaded_version = version
 

@@ -137,7 +137,7 @@ class Actor:
         self.engine.backward(loss * share, scale_wrt_gas=False)
         self.engine.step()
         out = {k: float(v) for k, v in metrics.items()}
-        out["loss"] = float(loss)
+        out["loss"] = float(loss.detach())
         return out
 
     def _mask(self, b: Batch) -> torch.Tensor:

@@ -1,0 +1,191 @@
+"""rhymectl's drafter behind vLLM's custom proposer hook (part of the vLLM adapter).
+
+vLLM builds the class named in the speculative config,
+
+    speculative_config = {"method": "custom_class",
+                          "model": "pipeline.rollout.proposer.RhymeProposer",
+                          "num_speculative_tokens": 16}
+
+as `RhymeProposer(vllm_config)` inside the model runner (`runner.drafter`), and after every
+forward pass calls `propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
+slot_mappings=...)` (`vllm/v1/worker/gpu_model_runner.py`, `propose_draft_token_ids`).
+Row i of those arguments is request `input_batch.req_ids[i]`; `sampled_token_ids[i]` holds
+the tokens the pass emitted for it (accepted drafts plus one), empty for a partial
+prefill. The return value is one list of draft ids per row; lengths may differ and an
+empty list drafts nothing. vLLM verifies the drafts with its rejection sampler, so what
+is drafted changes speed, never the output distribution.
+
+The hook hands over no request ids or prompt lengths, and vLLM marks it experimental, so
+every touch of it is here: with the engine in-process, `attach(runner, drafter, budget)`
+gives the proposer vLLM built a reference to its model runner (whose `input_batch` it
+reads: `req_ids`, `num_prompt_tokens`) and the drafting state, which lives across RL
+steps. Until attached it drafts nothing. vLLM types are never imported: the proposer reads
+`vllm_config` and the input batch by attribute only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Hashable, Sequence
+
+from pipeline.spec.budget import Candidate, DraftBudget
+from pipeline.spec.drafter import GroupDrafter
+from pipeline.spec.suffix_tree import EMPTY_DRAFT
+
+CLASS_PATH = "pipeline.rollout.proposer.RhymeProposer"
+
+
+def speculative_config(num_speculative_tokens: int) -> dict:
+    """The `speculative_config` argument of `vllm.LLM` that installs `RhymeProposer`.
+
+    num_speculative_tokens: the most draft tokens any request may get in one pass.
+    """
+    return {"method": "custom_class", "model": CLASS_PATH,
+            "num_speculative_tokens": int(num_speculative_tokens)}
+
+
+@dataclass
+class ProposerStats:
+    """Counters since the last `reset_stats`.
+
+    seq_passes: (request, pass) pairs that emitted tokens after prefill; emitted: their
+    tokens; tau = emitted / seq_passes, tokens per target forward pass and sequence (bonus
+    token included); drafted / accepted: draft tokens proposed / accepted; pass_samples:
+    recent (scheduled decode tokens, seconds between propose calls) pairs, for
+    `fit_cost_model`.
+    """
+
+    passes: int = 0
+    seq_passes: int = 0
+    emitted: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    propose_seconds: float = 0.0
+    pass_samples: deque = field(default_factory=lambda: deque(maxlen=512))
+
+    @property
+    def tau(self) -> float:
+        return self.emitted / self.seq_passes if self.seq_passes else 1.0
+
+    @property
+    def accept_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+class RhymeProposer:
+    """vLLM custom proposer drafting from `GroupDrafter`, sized by `DraftBudget`."""
+
+    def __init__(self, vllm_config: Any):
+        self.max_spec_tokens = int(vllm_config.speculative_config.num_speculative_tokens)
+        self.max_model_len = int(vllm_config.model_config.max_model_len)
+        self._runner: Any = None
+        self.drafter: GroupDrafter | None = None
+        self.budget: DraftBudget | None = None
+        self._active: set[Hashable] = set()
+        self._proposed: dict[Hashable, int] = {}  # req -> draft tokens handed out last pass
+        self._last_call: float | None = None
+        self._last_scheduled = 0
+        self.stats = ProposerStats()
+
+    def bind(self, runner: Any, drafter: GroupDrafter, budget: DraftBudget) -> None:
+        self._runner, self.drafter, self.budget = runner, drafter, budget
+
+    def load_model(self, *args, **kwargs) -> None:
+        """No draft model (vLLM may call this on every proposer)."""
+
+    # -- the hook ---------------------------------------------------------------------
+    def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec,
+                token_ids_cpu, slot_mappings=None) -> list[list[int]]:
+        """Draft ids per row. num_tokens_no_spec[i]: tokens of row i so far (prompt +
+        output, this pass's included); token_ids_cpu[i, :that]: those tokens."""
+        rows = len(sampled_token_ids)
+        if self._runner is None or not rows:
+            return [[] for _ in range(rows)]
+        start = time.perf_counter()
+        if self._last_call is not None:
+            self.stats.pass_samples.append((self._last_scheduled, start - self._last_call))
+        batch = self._runner.input_batch
+        req_ids = batch.req_ids
+        drafter, budget = self.drafter, self.budget
+        cand_rows, drafts, candidates, seen = [], [], [], set()
+        for i, sampled in enumerate(sampled_token_ids):
+            req_id = req_ids[i]
+            seen.add(req_id)
+            n_new = len(sampled)
+            if n_new == 0:  # partial prefill
+                continue
+            num_tokens = int(num_tokens_no_spec[i])
+            if req_id not in self._active:
+                n_prompt = int(batch.num_prompt_tokens[batch.req_id_to_index[req_id]])
+                drafter.start(req_id, token_ids_cpu[i, :n_prompt].tolist(),
+                              token_ids_cpu[i, n_prompt:num_tokens].tolist())
+                self._active.add(req_id)
+            else:
+                self._observe(req_id, n_new)
+                drafter.append(req_id, [int(t) for t in sampled])
+            room = self.max_model_len - num_tokens - 1
+            cap = min(budget.cap(req_id), self.max_spec_tokens, room)
+            d = drafter.draft(req_id, cap) if cap > 0 else EMPTY_DRAFT
+            cand_rows.append(i)
+            drafts.append(d)
+            candidates.append(Candidate(req_id, len(d)))
+        out: list[list[int]] = [[] for _ in range(rows)]
+        for i, d, k in zip(cand_rows, drafts, budget.allocate(candidates, batch_size=rows)):
+            if k:
+                out[i] = list(d.token_ids[:k])
+                self._proposed[req_ids[i]] = k
+        for req_id in self._active - seen:
+            self._stop(req_id)
+        self.stats.passes += 1
+        self.stats.drafted += sum(len(o) for o in out)
+        self._last_scheduled = rows + sum(len(o) for o in out)
+        self._last_call = time.perf_counter()
+        self.stats.propose_seconds += self._last_call - start
+        return out
+
+    # -- lifecycle --------------------------------------------------------------------
+    def end_step(self) -> None:
+        """Call after each `generate`: requests of its last pass are never seen missing."""
+        for req_id in list(self._active):
+            self._stop(req_id)
+        if self.drafter is not None:
+            self.drafter.end_step()
+        self._last_call = None
+
+    def reset_stats(self) -> ProposerStats:
+        """Return the counters so far and start new ones."""
+        stats, self.stats = self.stats, ProposerStats()
+        return stats
+
+    def _observe(self, req_id: Hashable, n_new: int) -> None:
+        self.stats.seq_passes += 1
+        self.stats.emitted += n_new
+        k = self._proposed.pop(req_id, 0)
+        if k:
+            accepted = min(n_new - 1, k)
+            self.stats.accepted += accepted
+            self.budget.observe(req_id, k, accepted)
+
+    def _stop(self, req_id: Hashable) -> None:
+        self._active.discard(req_id)
+        self._proposed.pop(req_id, None)
+        self.drafter.finish(req_id)
+        self.budget.forget(req_id)
+
+
+def attach(runner: Any, drafter: GroupDrafter, budget: DraftBudget) -> RhymeProposer:
+    """Bind the proposer vLLM built in `runner` (the in-process model runner) to the state.
+
+    Raises TypeError when the engine was not built with `speculative_config(...)`.
+    """
+    proposer = getattr(runner, "drafter", None)
+    if not isinstance(proposer, RhymeProposer):
+        raise TypeError("the vLLM engine has no RhymeProposer; build it with "
+                        "speculative_config=pipeline.rollout.proposer.speculative_config(k)")
+    proposer.bind(runner, drafter, budget)
+    return proposer
+
+
+__all__ = ["CLASS_PATH", "ProposerStats", "RhymeProposer", "attach", "speculative_config"]

@@ -1,0 +1,107 @@
+"""Response-length prediction: a prompt's history, refined online by its group's probe.
+
+RhymeRL observes that a prompt's response length rank barely moves between epochs, so
+the prediction for a prompt is a recency-weighted mean of its per-epoch mean lengths over
+the last `last_epochs` epochs it was seen in (weight decay**age, age 0 = newest). A prompt
+without history gets the data set's fallback: the median of the known prompts'
+predictions, or `default` when nothing is known yet. Seer's probe refines a prediction
+online: the first finished response of a group is averaged with the history prediction
+(which counts as one observation), and replaces the fallback outright.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+LengthHistory = Mapping[str, Mapping[int, Sequence[int]]]  # prompt_id -> epoch -> lengths
+
+
+def refine(prior: float, prior_weight: float, observed: Sequence[float]) -> float:
+    """Posterior-style mean: the prior counts as `prior_weight` observations (tokens)."""
+    if not observed:
+        return prior
+    return (prior * prior_weight + float(sum(observed))) / (prior_weight + len(observed))
+
+
+def recency_weighted(per_epoch: Mapping[int, Sequence[int]], last_epochs: int, decay: float) -> float:
+    """Weighted mean of per-epoch mean lengths over the newest `last_epochs` epochs."""
+    epochs = sorted(e for e, lengths in per_epoch.items() if len(lengths))[-last_epochs:]
+    if not epochs:
+        raise ValueError("no lengths to predict from")
+    weights = [decay ** age for age in range(len(epochs))][::-1]  # oldest first, like epochs
+    means = [float(np.mean(per_epoch[e])) for e in epochs]
+    return float(np.dot(weights, means) / sum(weights))
+
+
+class LengthPredictor:
+    """Predicted response length (tokens) per prompt.
+
+    lengths: prompt_id -> epoch -> response lengths (`HistoryStore.lengths()`);
+    before_epoch: use only epochs strictly before it (to predict that epoch honestly).
+    """
+
+    def __init__(self, lengths: LengthHistory | None = None, *, last_epochs: int = 3,
+                 decay: float = 0.5, default: float = 64.0, before_epoch: int | None = None):
+        if last_epochs < 1:
+            raise ValueError(f"last_epochs must be >= 1, got {last_epochs}")
+        if not 0 < decay <= 1:
+            raise ValueError(f"decay must be in (0, 1], got {decay}")
+        if default < 0:
+            raise ValueError(f"default must be >= 0, got {default}")
+        self.last_epochs, self.decay, self.default = last_epochs, decay, default
+        self.predictions: dict[str, float] = {}
+        pooled: list[int] = []
+        for pid, per_epoch in (lengths or {}).items():
+            usable = {e: ls for e, ls in per_epoch.items()
+                      if len(ls) and (before_epoch is None or e < before_epoch)}
+            if usable:
+                self.predictions[pid] = recency_weighted(usable, last_epochs, decay)
+                newest = sorted(usable)[-last_epochs:]
+                pooled.extend(x for e in newest for x in usable[e])
+        self.pooled = np.sort(np.asarray(pooled, dtype=float))
+        self.fallback = (float(np.median(list(self.predictions.values())))
+                         if self.predictions else float(default))
+        self.observed: dict[str, list[int]] = {}
+
+    @classmethod
+    def from_run(cls, run_dir: str | Path, **kwargs) -> "LengthPredictor":
+        from pipeline.history.store import HistoryStore
+
+        return cls(HistoryStore(run_dir, readonly=True).lengths(), **kwargs)
+
+    def known(self, prompt_id: str) -> bool:
+        return prompt_id in self.predictions
+
+    def predict(self, prompt_id: str) -> float:
+        """History prediction (or the fallback), refined by this step's observations."""
+        base = self.predictions.get(prompt_id, self.fallback)
+        weight = 1.0 if prompt_id in self.predictions else 0.0
+        return refine(base, weight, self.observed.get(prompt_id, ()))
+
+    def observe(self, prompt_id: str, length: int) -> float:
+        """A response of `prompt_id` finished with `length` tokens (Seer's probe: call it
+        for the first finished response of a group); returns the refined prediction."""
+        if length < 0:
+            raise ValueError(f"length must be >= 0, got {length}")
+        self.observed.setdefault(prompt_id, []).append(int(length))
+        return self.predict(prompt_id)
+
+    def typical_max(self, requests: int) -> float:
+        """The length the longest of `requests` random responses probably reaches: the
+        (1 - 1/requests) quantile of the recorded lengths (0 without history)."""
+        if not len(self.pooled) or requests <= 1:
+            return 0.0
+        return float(np.quantile(self.pooled, 1.0 - 1.0 / requests))
+
+    def fresh(self) -> "LengthPredictor":
+        """The same history predictions without this step's observations."""
+        copy = object.__new__(LengthPredictor)
+        copy.__dict__.update(self.__dict__)
+        copy.observed = {}
+        return copy
+
+
+__all__ = ["LengthHistory", "LengthPredictor", "recency_weighted", "refine"]

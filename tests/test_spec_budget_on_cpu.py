@@ -1,0 +1,131 @@
+"""Draft budget: per-request grow/shrink and the batch-aware marginal-benefit cap, against
+hand-computed cases (pure logic, microseconds)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.spec.budget import BudgetConfig, Candidate, CostModel, DraftBudget, fit_cost_model
+
+UNIT = CostModel(base_s=1.0, per_token_s=1.0)  # a pass costs 1 + scheduled tokens
+
+
+def budget(**kw) -> DraftBudget:
+    return DraftBudget(BudgetConfig(**kw))
+
+
+# ---------------------------------------------------------------- per request
+
+def test_cap_doubles_on_full_acceptance_and_halves_on_rejection():
+    b = budget(start_len=2, min_len=1, max_len=16)
+    caps = [b.cap("r")]
+    for proposed, accepted in [(2, 2), (4, 4), (8, 8), (16, 16), (16, 3), (8, 0), (4, 1),
+                               (2, 0), (1, 0), (1, 1)]:
+        b.observe("r", proposed, accepted)
+        caps.append(b.cap("r"))
+    assert caps == [2, 4, 8, 16, 16, 8, 4, 2, 1, 1, 2]
+
+
+def test_no_draft_is_no_evidence_and_forget_resets():
+    b = budget()
+    b.observe("r", 0, 0)
+    assert b.cap("r") == 2 and b.acceptance("r") == pytest.approx(0.5)
+    b.observe("r", 2, 2)
+    b.forget("r")
+    assert b.cap("r") == 2
+
+
+def test_acceptance_estimate_is_shrunk_towards_all_requests():
+    b = budget(prior_accept=0.5, prior_weight=2.0, decay=1.0, global_decay=1.0)
+    b.observe("a", 4, 4)  # 4 accepted of 4 tried (no rejection seen)
+    # overall: (4 + 0.5*2) / (4 + 2) = 5/6; a: (4 + 5/6*2) / (4 + 2) = 17/18
+    assert b.overall_acceptance() == pytest.approx(5 / 6)
+    assert b.acceptance("a") == pytest.approx(17 / 18)
+    b.observe("b", 4, 1)  # 1 accepted, then a rejection: 2 tried, the rest untested
+    # overall: (5 + 1) / (6 + 2) = 0.75; b: (1 + 0.75*2) / (2 + 2) = 0.625
+    assert b.overall_acceptance() == pytest.approx(0.75)
+    assert b.acceptance("b") == pytest.approx(0.625)
+    assert b.acceptance("new") == pytest.approx(0.75)
+
+
+def test_config_checks_the_length_order():
+    with pytest.raises(ValueError, match="min_len <= start_len <= max_len"):
+        BudgetConfig(min_len=4, start_len=2)
+
+
+# ---------------------------------------------------------------- per pass
+
+def test_marginal_benefit_hand_computed_single_sequence():
+    # alpha 0.9, one sequence, pass = 1 + tokens. Start E=1, T=2.
+    # +0.9   : 0.9*2 = 1.8 > 1*1        -> E=1.9,   T=3
+    # +0.81  : 0.81*3 = 2.43 > 1.9      -> E=2.71,  T=4
+    # +0.729 : 0.729*4 = 2.916 > 2.71   -> E=3.439, T=5
+    # +0.6561: 0.6561*5 = 3.28 < 3.439  -> stop at 3
+    b = budget(prior_accept=0.9, max_len=16, start_len=16, cost=UNIT)
+    assert b.allocate([Candidate("r", 16)]) == [3]
+
+
+def test_marginal_benefit_stops_at_break_even():
+    b = budget(prior_accept=0.5, start_len=8, cost=UNIT)
+    assert b.allocate([Candidate("r", 8)]) == [0]  # 0.5 * 2 == 1: no gain, no draft
+
+
+def test_full_batch_gets_little_speculation_and_the_tail_much():
+    cfg = dict(prior_accept=0.7, max_len=16, start_len=16)  # default cost: 18 ms + 0.2 ms/token
+    b = budget(**cfg)
+    full = [Candidate(k, 16) for k in range(256)]
+    # E/T = 256 / 69.2 ms: a token pays only if alpha^j > 0.2 * 256 / 69.2 = 0.74
+    assert sum(b.allocate(full)) == 0
+    tail = [Candidate(k, 16) for k in range(4)]
+    assert budget(**cfg).allocate(tail) == [6, 6, 6, 6]
+    # One sequence (ms): E=1, T=18.2; token j pays while 0.7^j * T > 0.2 * E:
+    # j=1 12.74 > 0.20, ..., j=9 0.0404*19.8 = 0.80 > 0.64 (E=3.24), j=10 0.565 < 0.648
+    assert budget(**cfg).allocate([Candidate("x", 16)]) == [9]
+    assert _greedy_reference(0.7, 1, 16, CostModel()) == 9
+
+
+def _greedy_reference(alpha: float, n: int, cap: int, cost: CostModel) -> int:
+    """The marginal-benefit rule for one sequence, written out directly."""
+    expected, seconds, k = float(n), cost.pass_seconds(n), 0
+    while k < cap:
+        gain = alpha ** (k + 1)
+        if (expected + gain) / (seconds + cost.per_token_s) <= expected / seconds:
+            break
+        expected, seconds, k = expected + gain, seconds + cost.per_token_s, k + 1
+    return k
+
+
+def test_tokens_go_to_the_requests_most_likely_to_accept():
+    b = budget(start_len=4, cost=UNIT, decay=1.0, prior_weight=0.001)
+    for _ in range(3):
+        b.observe("good", 4, 4)
+        b.observe("bad", 4, 0)
+    b._get("good").cap = b._get("bad").cap = 4
+    alloc = b.allocate([Candidate("bad", 4), Candidate("good", 4)], batch_size=2)
+    assert alloc[0] == 0 and alloc[1] > 0
+
+
+def test_allocation_respects_cap_and_available_tokens():
+    b = budget(prior_accept=0.99, start_len=2, cost=CostModel(1.0, 0.001))
+    assert b.allocate([Candidate("a", 8), Candidate("b", 1), Candidate("c", 0)]) == [2, 1, 0]
+
+
+def test_short_requests_get_no_drafts():
+    b = budget(prior_accept=0.99, start_len=4, short_request_tokens=64, cost=CostModel(1.0, 0.001))
+    cands = [Candidate("short", 4, predicted_len=20), Candidate("long", 4, predicted_len=400),
+             Candidate("unknown", 4)]
+    assert b.allocate(cands) == [0, 4, 4]
+
+
+def test_batch_unaware_mode_returns_the_caps():
+    b = budget(prior_accept=0.1, start_len=4, batch_aware=False)
+    assert b.allocate([Candidate(k, 8) for k in range(300)]) == [4] * 300
+
+
+def test_fit_cost_model_recovers_a_line_and_falls_back_when_it_cannot():
+    samples = [(n, 0.018 + 0.0002 * n) for n in (10, 50, 200, 400)]
+    fit = fit_cost_model(samples)
+    assert fit.base_s == pytest.approx(0.018) and fit.per_token_s == pytest.approx(0.0002)
+    fallback = CostModel(1.0, 2.0)
+    assert fit_cost_model([(10, 0.1), (10, 0.2)], fallback) is fallback
+    assert fit_cost_model([(10, 0.3), (20, 0.1)], fallback) is fallback  # negative slope
