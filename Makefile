@@ -20,7 +20,7 @@ demo: setup
 	$(RHYME) report runs/tiny
 
 test: setup
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider --durations=12 tests
 
 test-fast: setup
 	$(PY) -m pytest -q -p no:cacheprovider -m "not engine and not deepspeed" tests

@@ -88,16 +88,15 @@ def sched(
         emit_json(bench_json(results, workers))
     else:
         _render(results, workers, title)
-    log.print(f"Gantt chart: {plot_path}", markup=False)
+    log.print(f"Gantt chart: {plot_path}", markup=False, soft_wrap=True)
 
 
 def _render(results, workers: int, title: str) -> None:
     from rich.table import Table
 
     table = Table(title=title)
-    for column in ("policy", "makespan s", "ideal s", "makespan/ideal", "bubble ratio", "tail s",
-                   "migrations"):
-        table.add_column(column, justify="right")
+    for column in ("policy", "makespan s", "ideal s", "× ideal", "bubbles", "last 10 % s", "moves"):
+        table.add_column(column, justify="right", no_wrap=True)
     for name, r in results.items():
         table.add_row(name, f"{r.makespan_s:.3f}", f"{r.ideal_s:.3f}", f"{r.makespan_over_ideal:.3f}",
                       f"{r.bubble_ratio:.1%}", f"{r.tail_s:.3f}", str(r.migrations))

@@ -36,7 +36,7 @@ def profile(
         emit_json({**report, "plot": str(plot_path)})
         return
     _render(report)
-    log.print(f"plot: {plot_path}", markup=False)
+    log.print(f"plot: {plot_path}", markup=False, soft_wrap=True)
 
 
 def _render(report: dict) -> None:
@@ -53,12 +53,12 @@ def _render(report: dict) -> None:
     for column, justify in (("tokens", "right"), ("responses", "right"), ("", "left")):
         hist.add_column(column, justify=justify)
     for count, lo, hi in zip(counts, edges, edges[1:]):
-        hist.add_row(f"{lo:g}–{hi:g}", str(count), "█" * round(BAR_WIDTH * count / top))
+        hist.add_row(f"{lo:g}–{hi - 1:g}", str(count), "█" * round(BAR_WIDTH * count / top))
     out.print(hist)
 
     ranks = Table(title="rank stability between adjacent epochs")
     for column in ("epochs", "prompts", "Spearman", "rank moved >10 %"):
-        ranks.add_column(column, justify="right")
+        ranks.add_column(column, justify="right", no_wrap=True)
     for r in report["rank_stability"]:
         moved = "-" if r["moved_over_10pct"] is None else f"{r['moved_over_10pct']:.1%}"
         ranks.add_row(f"{r['epochs'][0]}→{r['epochs'][1]}", str(r["prompts"]),
@@ -69,14 +69,14 @@ def _render(report: dict) -> None:
 
     pred = report["predictor"]
     errors = Table(title=f"predictor on the next epoch (last {pred['last_epochs']} epochs, decay "
-                         f"{pred['decay']}, fallback {pred['fallback']} tokens)")
-    for column in ("epoch", "prompts", "known", "MAE", "MAE known", "MAPE known",
-                   "Spearman known", "MAE fallback only"):
-        errors.add_column(column, justify="right")
+                         f"{pred['decay']}, fallback {pred['fallback']} tokens)",
+                   caption="kn: prompts with history; fb: the fallback for every prompt")
+    columns = {"epoch": "{}", "prompts": "{}", "known": "{}", "mae": "{:.2f}", "mae_known": "{:.2f}",
+               "mape_known": "{:.1%}", "spearman_known": "{:.3f}", "mae_fallback_only": "{:.2f}"}
+    for column in ("epoch", "prompts", "known", "MAE", "MAE kn", "MAPE kn", "ρ kn", "MAE fb"):
+        errors.add_column(column, justify="right", no_wrap=True)
     for e in pred["next_epoch_errors"]:
-        errors.add_row(*(str(e[k]) if e[k] is not None else "-" for k in (
-            "epoch", "prompts", "known", "mae", "mae_known", "mape_known", "spearman_known",
-            "mae_fallback_only")))
+        errors.add_row(*("-" if e[k] is None else fmt.format(e[k]) for k, fmt in columns.items()))
     out.print(errors)
 
     longest = Table(title="longest predicted prompts")

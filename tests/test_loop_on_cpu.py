@@ -18,7 +18,8 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.engine, pytest.mark.deepspeed]
 
 SMALL = ["data.train_batch_size=4", "train.ppo_mini_batch_size=2", "rollout.n=4",
-         "rollout.max_tokens=48", "data.max_prompt_length=24", "run.checkpoint_every=1"]
+         "rollout.max_tokens=48", "data.max_prompt_length=24", "run.checkpoint_every=1",
+         "data.eval_size=12"]
 
 
 def train(model: Path, run_dir: Path, *extra: str, nproc: int = 1) -> dict:
@@ -76,6 +77,32 @@ def test_training_changes_the_policy(uninterrupted, tiny_model):
     after = load_file(str(uninterrupted / "checkpoints/step-000002/policy/model.safetensors"))
     assert before.keys() == after.keys()
     assert any(not (before[k] == after[k]).all() for k in before)
+
+
+def test_vllm_after_training_matches_transformers_on_the_trained_weights(uninterrupted, tiny_model):
+    """Weight-sync parity after real DeepSpeed steps: the final held-out eval ran greedily
+    in vLLM on pushed weights; transformers on the checkpointed weights must agree."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pipeline.config import load_config
+    from pipeline.loop.batches import PromptSource
+    from pipeline.loop.evaluate import eval_prompts
+    from pipeline.loop.preflight import load_prompts
+    from pipeline.policy.sft import greedy_generate
+    from pipeline.tasks.data import resolve_reward
+
+    cfg = load_config(uninterrupted / "config.yaml")
+    train_ids = {p.id for p in PromptSource(list(load_prompts(cfg)), 4, cfg.data.seed).prompts}
+    prompts = eval_prompts(cfg, train_ids)
+    policy = uninterrupted / "checkpoints/step-000002/policy"
+    texts = greedy_generate(AutoModelForCausalLM.from_pretrained(policy),
+                            AutoTokenizer.from_pretrained(policy), [p.text for p in prompts], 48)
+    reward = resolve_reward("sort", partial_credit=True)
+    rewards = [reward(p.text, t, p.answer) for p, t in zip(prompts, texts)]
+    evals = [json.loads(line) for line in (uninterrupted / "eval.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in evals] == [0, 2]
+    assert evals[-1]["prompts"] == len(prompts) == 12
+    assert evals[-1]["reward_mean"] == pytest.approx(sum(rewards) / len(rewards), abs=1e-9)
 
 
 def test_resume_gives_the_same_next_step(uninterrupted, tiny_model, tmp_path):

@@ -129,3 +129,20 @@ def test_fit_cost_model_recovers_a_line_and_falls_back_when_it_cannot():
     fallback = CostModel(1.0, 2.0)
     assert fit_cost_model([(10, 0.1), (10, 0.2)], fallback) is fallback
     assert fit_cost_model([(10, 0.3), (20, 0.1)], fallback) is fallback  # negative slope
+
+
+# ---------------------------------------------------------------- from the config tree
+
+def test_spec_config_maps_to_drafter_and_budget():
+    from pipeline.config.schema import SpecConfig
+    from pipeline.spec.build import budget_config, drafter_config
+
+    spec = SpecConfig(method="history+group", num_speculative_tokens=1, min_path_prob=0.3,
+                      reward_weighted=True, max_cached_prompts=7)
+    d = drafter_config(spec)
+    assert (d.use_history, d.use_siblings, d.min_path_prob, d.reward_weighted,
+            d.max_cached_prompts) == (True, True, 0.3, True, 7)
+    b = budget_config(spec)
+    assert (b.max_len, b.start_len, b.min_len) == (1, 1, 1)
+    with pytest.raises(ValueError, match="expected one of"):
+        drafter_config(SpecConfig(method="ngram"))

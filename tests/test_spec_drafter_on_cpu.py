@@ -76,6 +76,21 @@ def test_history_is_keyed_by_prompt_and_replaced_not_appended():
     assert d.history_of(prompt_hash(P)) == [[1, 2, 9, 9]]
 
 
+def test_history_refresh_keeps_unchanged_responses_in_the_tree():
+    d = drafter(use_siblings=False)
+    d.set_history(prompt_hash(P), hist([1, 2, 3, 4], [1, 2, 3, 5]))
+    d.start("r", P, [1, 2])
+    assert d.draft("r", 8).probs == pytest.approx([1.0, 0.5])
+    before = d.stats().tree_bytes
+    d.set_history(prompt_hash(P), hist([1, 2, 3, 5], [1, 2, 3, 5], [1, 2, 3, 4]))
+    draft = d.draft("r", 8)
+    assert draft.token_ids == [3, 5] and draft.probs == pytest.approx([1.0, 2 / 3])
+    assert d.history_of(prompt_hash(P)) == [[1, 2, 3, 5], [1, 2, 3, 5], [1, 2, 3, 4]]
+    d.set_history(prompt_hash(P), hist([1, 2, 3, 4]))
+    assert d.draft("r", 8).probs == pytest.approx([1.0, 1.0])
+    assert d.stats().tree_bytes <= before
+
+
 def test_history_from_store_records():
     recs = [RolloutRecord("p0", prompt_hash(P), 0, 0, 0, k, [1, 2, k], 3, "stop", float(k), 0.1)
             for k in range(2)]
@@ -263,8 +278,11 @@ def test_trees_of_idle_prompts_are_evicted_lru_and_rebuilt_on_return():
     prompts = [[1, k] for k in range(4)]
     for k, prompt in enumerate(prompts):
         d.set_history(prompt_hash(prompt), hist([5, 6, 7, 8 + k]))
+    d.start("idle", prompts[3], [5])  # started but never drafted: no tree is built
+    d.finish("idle")
     for k, prompt in enumerate(prompts[:3]):
         d.start(k, prompt, [5])
+        assert d.draft(k, 8).token_ids == [6, 7, 8 + k]
         d.finish(k)
     assert d.cached_prompts() == [prompt_hash(prompts[1]), prompt_hash(prompts[2])]
     assert d.stats().trees == 2
@@ -278,8 +296,8 @@ def test_prompts_with_running_requests_are_never_evicted():
     for k in range(3):
         d.set_history(prompt_hash([1, k]), hist([5, 6, 7 + k]))
         d.start(k, [1, k], [5])
-    assert d.stats().trees == 3  # over the cap while all three run
     assert [d.draft(k, 8).token_ids for k in range(3)] == [[6, 7], [6, 8], [6, 9]]
+    assert d.stats().trees == 3  # over the cap while all three run
     d.end_step()
     assert d.stats().trees == 1 and d.stats().live_requests == 0
 

@@ -32,7 +32,6 @@ from typing import Any, Hashable, Sequence
 
 from pipeline.spec.budget import Candidate, DraftBudget
 from pipeline.spec.drafter import GroupDrafter
-from pipeline.spec.suffix_tree import EMPTY_DRAFT
 
 CLASS_PATH = "pipeline.rollout.proposer.RhymeProposer"
 
@@ -109,7 +108,7 @@ class RhymeProposer:
         batch = self._runner.input_batch
         req_ids = batch.req_ids
         drafter, budget = self.drafter, self.budget
-        cand_rows, drafts, candidates, seen = [], [], [], set()
+        cand_rows, candidates, seen = [], [], set()
         for i, sampled in enumerate(sampled_token_ids):
             req_id = req_ids[i]
             seen.add(req_id)
@@ -124,18 +123,18 @@ class RhymeProposer:
                 self._active.add(req_id)
             else:
                 self._observe(req_id, n_new)
-                drafter.append(req_id, [int(t) for t in sampled])
+                drafter.append(req_id, sampled)
             room = self.max_model_len - num_tokens - 1
-            cap = min(budget.cap(req_id), self.max_spec_tokens, room)
-            d = drafter.draft(req_id, cap) if cap > 0 else EMPTY_DRAFT
             cand_rows.append(i)
-            drafts.append(d)
-            candidates.append(Candidate(req_id, len(d)))
+            candidates.append(Candidate(req_id, max(0, min(self.max_spec_tokens, room))))
+        # Budget first: in a full batch most requests get no draft tokens, and asking the
+        # trees only for the tokens granted keeps the drafter's cost where it pays.
         out: list[list[int]] = [[] for _ in range(rows)]
-        for i, d, k in zip(cand_rows, drafts, budget.allocate(candidates, batch_size=rows)):
+        for i, k in zip(cand_rows, budget.allocate(candidates, batch_size=rows)):
             if k:
-                out[i] = list(d.token_ids[:k])
-                self._proposed[req_ids[i]] = k
+                out[i] = list(drafter.draft(req_ids[i], k).token_ids)
+                if out[i]:
+                    self._proposed[req_ids[i]] = len(out[i])
         for req_id in self._active - seen:
             self._stop(req_id)
         self.stats.passes += 1

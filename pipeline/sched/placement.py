@@ -2,12 +2,13 @@
 
 - static: veRL's baseline. The batch (group-major, as veRL repeats each prompt n times) is
   split by position into W contiguous, equal shares.
-- histopipe: RhymeRL's first tier. Groups are ranked by predicted work and dealt longest
-  first to the worker with the least predicted work so far (LPT, at most ceil(G/W) groups a
-  worker, so batch sizes stay even too); siblings stay together, which group drafting
-  needs. Odd steps mirror the worker order, so the worker that got the longest group gets
-  the shortest end next step. Online, a response that runs past `migrate_factor` times
-  its prediction moves to an idle worker at its next chunk boundary.
+- histopipe: RhymeRL's first tier. Groups are ranked by predicted length and dealt longest
+  first to the worker with the least predicted time so far (LPT on
+  `pipeline.sched.cost.LoadEstimate`, so every worker gets the same predicted work in
+  seconds); siblings stay together, which group drafting needs. Odd steps mirror the
+  worker order, so the worker that got the longest group gets the shortest end next step.
+  Online, a response that runs past `migrate_factor` times its prediction moves to a
+  worker running at least `migrate_gap` fewer requests at its next chunk boundary.
 - seer: divided rollout with a global queue (`pipeline/sched/seer.py`).
 - oracle: LPT on the true lengths, requests placed one by one; a bound for the bench only.
 

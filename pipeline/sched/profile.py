@@ -36,18 +36,28 @@ def _num(x: float | None, digits: int = 4) -> float | None:
     return None if x is None or not math.isfinite(x) else round(float(x), digits)
 
 
-def _spearman(a, b) -> float | None:
-    from scipy.stats import spearmanr
+def ranks(x) -> np.ndarray:
+    """1-based ranks, ties sharing their average rank (scipy.stats.rankdata's default;
+    numpy keeps `rhymectl profile` from paying seconds for importing scipy.stats)."""
+    x = np.asarray(x, dtype=float)
+    order = np.argsort(x, kind="mergesort")
+    sorted_x = x[order]
+    starts = np.flatnonzero(np.r_[True, sorted_x[1:] != sorted_x[:-1]])
+    ends = np.r_[starts[1:], len(x)]
+    average = (starts + ends + 1) / 2.0  # mean of the 1-based positions start+1 .. end
+    out = np.empty(len(x))
+    out[order] = np.repeat(average, ends - starts)
+    return out
 
+
+def _spearman(a, b) -> float | None:
     if len(a) < 3 or np.ptp(a) == 0 or np.ptp(b) == 0:
         return None  # undefined for constant input; meaningless for two points
-    return _num(spearmanr(a, b).statistic)
+    return _num(np.corrcoef(ranks(a), ranks(b))[0, 1])
 
 
 def rank_stability(lengths: LengthHistory) -> list[dict]:
     """One entry per pair of adjacent recorded epochs (e, next)."""
-    from scipy.stats import rankdata
-
     epochs = sorted({e for per in lengths.values() for e in per})
     out = []
     for a, b in zip(epochs, epochs[1:]):
@@ -56,7 +66,7 @@ def rank_stability(lengths: LengthHistory) -> list[dict]:
         mb = np.array([np.mean(lengths[p][b]) for p in both])
         moved = None
         if both:
-            shift = np.abs(rankdata(ma) - rankdata(mb)) / len(both)
+            shift = np.abs(ranks(ma) - ranks(mb)) / len(both)
             moved = _num(float(np.mean(shift > RANK_MOVE)))
         out.append({"epochs": [a, b], "prompts": len(both), "spearman": _spearman(ma, mb),
                     "moved_over_10pct": moved})
@@ -96,7 +106,10 @@ def profile(run_dir: str | Path, lengths: LengthHistory | None = None, *, last_e
     epochs = sorted({e for per in lengths.values() for e in per})
     predictor = LengthPredictor(lengths, last_epochs=last_epochs, decay=decay)
     p50 = float(np.quantile(every, 0.5))
-    counts, edges = np.histogram(every, bins=max(1, min(bins, int(np.ptp(every)) + 1)))
+    lo, hi = int(every.min()), int(every.max())
+    width = max(1, math.ceil((hi - lo + 1) / bins))  # whole-token bins [edge, next edge)
+    edges = lo + width * np.arange(math.ceil((hi - lo + 1) / width) + 1)
+    counts, _ = np.histogram(every, bins=edges)
     per_prompt = {}
     for pid in sorted(lengths, key=lambda p: (-predictor.predict(p), p)):
         xs = np.array([x for ls in lengths[pid].values() for x in ls], dtype=float)
@@ -173,4 +186,5 @@ def write_profile_plot(report: dict, lengths: LengthHistory, path: str | Path) -
     return write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
 
 
-__all__ = ["load_lengths", "predictor_errors", "profile", "rank_stability", "write_profile_plot"]
+__all__ = ["load_lengths", "predictor_errors", "profile", "rank_stability", "ranks",
+           "write_profile_plot"]

@@ -1,8 +1,9 @@
 """Seer's divided rollout: single requests, chunks, one global queue.
 
 Groups are split into single requests and requests into chunks of `chunk_tokens`. A
-global queue hands the next request to the worker with a free slot and the least
-predicted time (`LoadEstimate`):
+global queue hands the next requests to the workers with free slots: a sibling joins its
+group's worker while that has room, otherwise the worker with the least predicted time
+(`LoadEstimate`) takes it. The queue's order:
 
 1. probes first: sample 0 of every group, shortest predicted first, so each group's
    first finished response (which refines its prediction) arrives early;

@@ -17,6 +17,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar, NamedTuple, Protocol, Sequence
 
+from pipeline.errors import UsageError
 from pipeline.sched.cost import CostModel, LoadEstimate
 
 
@@ -152,8 +153,7 @@ def requests_of(groups: Sequence[GroupWork]) -> list[Request]:
 
 
 def check_workers(groups: Sequence[GroupWork], workers: int) -> None:
-    from pipeline.errors import UsageError
-
+    """UsageError unless 1 <= workers <= the step's requests."""
     total = sum(g.n for g in groups)
     if total == 0:
         raise UsageError("the step has no requests to place")
@@ -165,7 +165,7 @@ def check_workers(groups: Sequence[GroupWork], workers: int) -> None:
 
 
 def lpt(units: Sequence[list[Request]], lengths: Sequence[float], workers: int,
-        params: "PlacementParams") -> list[list[int]]:
+        params: PlacementParams) -> list[list[int]]:
     """Longest-processing-time-first dealing on predicted worker time.
 
     units: [U] lists of requests placed together; lengths: [U] predicted tokens per request

@@ -18,11 +18,16 @@ cut where the path probability falls below `min_path_prob`, and keeps the best-s
 (score = expected accepted tokens), as arctic-inference's cache does for its local and
 global trees; ties go to the prompt's own tree.
 
+Costs. Appending a token to a C++ tree costs microseconds, a whole history hundreds of
+them, and in a full batch the budget grants few drafts. So live tokens wait in Python lists
+and enter a tree only when a request that reads it drafts; a prompt's tree is built when
+one of its requests first drafts; `set_history` changes only the responses that changed.
+
 Live responses stay in their prompt's tree until the whole group has finished (a finished
 sibling still predicts the stragglers), then they are dropped: after the step the loop
-feeds them back as history through `set_history`. Trees of prompts with no live request
-are kept in LRU order up to `max_cached_prompts` and then freed; their history stays in
-compact form (int32 arrays) and the tree is rebuilt when the prompt comes back.
+feeds them back as history through `set_history`. Trees of prompts with no request in the
+current group are kept in LRU order up to `max_cached_prompts` and then freed; their
+history stays in compact form (int32 arrays) and the tree is rebuilt on its next draft.
 """
 
 from __future__ import annotations
@@ -85,28 +90,38 @@ class HistoryResponse:
     reward: float | None = None
 
 
-@dataclass
-class _Prompt:
-    key: str
-    prompt_ids: list[int] | None = None  # known once a request of the prompt starts
-    history: list[tuple[np.ndarray, int]] = field(default_factory=list)  # (tokens, copies)
-    tree: SuffixTree | None = None
-    next_seq: int = 1
-    live: set[Hashable] = field(default_factory=set)  # running requests
-    done: set[Hashable] = field(default_factory=set)  # finished, group still running
-    expected: int | None = None  # group size, when the caller announced it
-    global_seqs: list[int] = field(default_factory=list)  # its history in the global tree
+@dataclass(eq=False)
+class _History:
+    tokens: np.ndarray  # int32
+    copies: int
+    local_seqs: list[int] = field(default_factory=list)  # in the prompt tree, once built
+    global_seqs: list[int] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Request:
     req_id: Hashable
     key: str
-    local_seq: int | None  # its sequence in the prompt tree (siblings on)
-    global_seq: int | None  # its sequence in the global tree (siblings on)
-    own: SuffixTree | None  # prompt + own output (siblings off)
     context: list[int]  # last max_depth + 1 tokens of prompt + output
-    pending: list[int] = field(default_factory=list)  # newest tokens, not yet in `own`
+    running: bool = True
+    local_seq: int | None = None  # in the prompt tree (siblings on), once flushed
+    local_backlog: list[int] = field(default_factory=list)
+    global_seq: int | None = None  # in the global tree (siblings on), once flushed
+    global_backlog: list[int] = field(default_factory=list)
+    own: SuffixTree | None = None  # prompt + own output (siblings off)
+    own_backlog: list[int] = field(default_factory=list)
+    pending: list[int] = field(default_factory=list)  # newest tokens, held out of `own`
+
+
+@dataclass(eq=False)
+class _Prompt:
+    key: str
+    prompt_ids: list[int] | None = None  # known once a request of the prompt starts
+    history: list[_History] = field(default_factory=list)
+    tree: SuffixTree | None = None
+    next_seq: int = PROMPT_SEQ + 1
+    members: list[_Request] = field(default_factory=list)  # this group: running + finished
+    expected: int | None = None  # group size, when the caller announced it
 
 
 @dataclass
@@ -128,11 +143,11 @@ class GroupDrafter:
     def __init__(self, config: DrafterConfig = DrafterConfig()):
         self.config = config
         self._prompts: dict[str, _Prompt] = {}
-        self._trees: OrderedDict[str, None] = OrderedDict()  # prompt keys with a tree, LRU first
-        self._requests: dict[Hashable, _Request] = {}
-        self._finished_live: dict[str, list[_Request]] = {}  # finished, group still running
+        self._trees: OrderedDict[str, None] = OrderedDict()  # prompts with a tree, LRU first
+        self._requests: dict[Hashable, _Request] = {}  # running
         self._global = SuffixTree(config.max_depth)
-        self._global_fifo: OrderedDict[int, str] = OrderedDict()  # history seq -> prompt key
+        self._global_fifo: OrderedDict[int, tuple[str, _History]] = OrderedDict()
+        self._global_dirty: set[_Request] = set()  # live tokens not yet in the global tree
         self._next_global = 0
         self._drafts = 0
         self._drafted_tokens = 0
@@ -140,30 +155,41 @@ class GroupDrafter:
 
     # -- history ----------------------------------------------------------------------
     def set_history(self, key: str, responses: Sequence[HistoryResponse]) -> None:
-        """Replace the history of prompt `key` (its `prompt_hash`) with `responses`."""
+        """Make `responses` the history of prompt `key` (its `prompt_hash`).
+
+        Responses already held (same tokens, same weight) stay in the trees; only the
+        others are removed or inserted.
+        """
         if not self.config.use_history:
             return
-        p = self._prompts.setdefault(key, _Prompt(key))
-        copies = _reward_copies(responses, self.config) if responses else []
-        p.history = [(np.asarray(r.token_ids, dtype=np.int32), c)
-                     for r, c in zip(responses, copies)]
-        self._replace_global_history(p)
-        if p.tree is not None:
-            self._rebuild_history_seqs(p)
+        p = self._prompt(key)
+        copies = _reward_copies(responses, self.config)
+        old: dict[tuple[bytes, int], list[_History]] = {}
+        for h in p.history:
+            old.setdefault((h.tokens.tobytes(), h.copies), []).append(h)
+        history = []
+        for r, c in zip(responses, copies):
+            tokens = np.asarray(r.token_ids, dtype=np.int32)
+            kept = old.get((tokens.tobytes(), c))
+            history.append(kept.pop() if kept else self._add_history(p, tokens, c))
+        for stale in old.values():
+            for h in stale:
+                self._remove_history(p, h)
+        p.history = history
+        self._cap_global()
 
     def history_of(self, key: str) -> list[list[int]]:
         p = self._prompts.get(key)
-        return [] if p is None else [h.tolist() for h, _ in p.history]
+        return [] if p is None else [h.tokens.tolist() for h in p.history]
 
     # -- live requests ----------------------------------------------------------------
     def expect_group(self, prompt_ids: Sequence[int], n: int) -> None:
-        """Announce that `n` requests of this prompt belong to one group (optional).
+        """Announce that `n` requests of this prompt form one group (optional).
 
         Without it a group ends when none of its requests is running, which can be too
         early if some siblings are still waiting for a slot.
         """
-        key = prompt_hash(prompt_ids)
-        self._prompts.setdefault(key, _Prompt(key)).expected = n
+        self._prompt(prompt_hash(prompt_ids)).expected = n
 
     def start(self, req_id: Hashable, prompt_ids: Sequence[int],
               output_ids: Sequence[int] = ()) -> str:
@@ -175,33 +201,24 @@ class GroupDrafter:
             raise ValueError(f"request {req_id!r} is already running")
         cfg = self.config
         key = prompt_hash(prompt_ids)
-        p = self._prompts.setdefault(key, _Prompt(key))
+        p = self._prompt(key)
         if p.prompt_ids is None:
             p.prompt_ids = [int(t) for t in prompt_ids]
-        self._touch_tree(p)
-        if req_id in p.done:  # resumed after preemption: its old sequence goes
-            p.done.discard(req_id)
-            stale = [r for r in self._finished_live.get(key, []) if r.req_id == req_id]
-            for r in stale:
-                self._finished_live[key].remove(r)
-                self._drop_live_seqs(p, r)
-        p.live.add(req_id)
+        for old in [m for m in p.members if m.req_id == req_id]:  # resumed after preemption
+            self._drop_member(p, old)
         output = [int(t) for t in output_ids]
-        req = _Request(req_id, key, None, None, None,
-                       (p.prompt_ids + output)[-(cfg.max_depth + 1):])
+        req = _Request(req_id, key, (p.prompt_ids + output)[-(cfg.max_depth + 1):])
         if cfg.use_siblings:
-            req.local_seq = p.next_seq
-            p.next_seq += 1
-            p.tree.extend(req.local_seq, p.prompt_ids[-cfg.max_depth:] + output)
-            if cfg.use_global:
-                req.global_seq = self._new_global_seq()
-                self._global.extend(req.global_seq, output)
+            req.local_backlog = p.prompt_ids[-cfg.max_depth:] + output
+            if cfg.use_global and output:
+                req.global_backlog = list(output)
+                self._global_dirty.add(req)
         else:
-            req.own = SuffixTree(cfg.max_depth)
-            req.own.extend(0, p.prompt_ids + output[:-1])
-            req.pending = output[-1:]
+            req.own_backlog, req.pending = p.prompt_ids + output[:-1], output[-1:]
+        p.members.append(req)
         self._requests[req_id] = req
-        self._evict()
+        if p.tree is not None:
+            self._trees.move_to_end(key)
         return key
 
     def append(self, req_id: Hashable, token_ids: Sequence[int]) -> None:
@@ -210,43 +227,33 @@ class GroupDrafter:
             return
         req = self._requests[req_id]
         toks = [int(t) for t in token_ids]
-        if req.local_seq is not None:
-            self._prompts[req.key].tree.extend(req.local_seq, toks)
-        if req.global_seq is not None:
-            self._global.extend(req.global_seq, toks)
-        if req.own is not None:
-            self._flush_own(req)
+        if self.config.use_siblings:
+            req.local_backlog += toks
+            if self.config.use_global:
+                req.global_backlog += toks
+                self._global_dirty.add(req)
+        else:
+            # The context always ends where the request's own sequence ends, and a
+            # sequence ending exactly at the matched suffix adds a count with no
+            # continuation, diluting every draft (vLLM's local tree has this effect). No
+            # one else reads the own tree, so its newest tokens wait one pass. The shared
+            # trees get them at once: a sibling one pass ahead must be visible.
+            req.own_backlog += req.pending
             req.pending = toks
         ctx = req.context
-        ctx.extend(toks)
+        ctx += toks
         if len(ctx) > self.config.max_depth + 1:
             del ctx[: len(ctx) - self.config.max_depth - 1]
-
-    @staticmethod
-    def _flush_own(req: _Request) -> None:
-        """Insert the held-back newest tokens into the request's own tree.
-
-        The context always ends where the request's own sequence ends, and a sequence
-        ending exactly at the matched suffix adds a count with no continuation, diluting
-        every draft (vLLM's local tree has this effect). No one else reads the own tree,
-        so its newest tokens wait one pass. The shared trees get tokens at once: a sibling
-        one pass ahead must be visible, and holding tokens back there would make it end
-        exactly where this request's context ends.
-        """
-        if req.pending:
-            req.own.extend(0, req.pending)
-            req.pending = []
 
     def finish(self, req_id: Hashable) -> None:
         """The request stopped (finished, aborted or preempted)."""
         req = self._requests.pop(req_id, None)
         if req is None:
             return
+        req.running = False
         p = self._prompts[req.key]
-        p.live.discard(req_id)
-        p.done.add(req_id)
-        self._finished_live.setdefault(p.key, []).append(req)
-        if not p.live and (p.expected is None or len(p.done) >= p.expected):
+        finished = sum(1 for m in p.members if not m.running)
+        if finished == len(p.members) and (p.expected is None or finished >= p.expected):
             self._end_group(p)
 
     def end_step(self) -> None:
@@ -254,8 +261,7 @@ class GroupDrafter:
         for req_id in list(self._requests):
             self.finish(req_id)
         for p in self._prompts.values():
-            if p.live or p.done:
-                p.live.clear()
+            if p.members:
                 self._end_group(p)
         self._evict()
 
@@ -269,17 +275,32 @@ class GroupDrafter:
         if req is None or max_tokens <= 0:
             return EMPTY_DRAFT
         cfg = self.config
+        p = self._prompts[req.key]
+        tree = self._prompt_tree(p)
+        for m in p.members:
+            if m.local_backlog:
+                if m.local_seq is None:
+                    m.local_seq, p.next_seq = p.next_seq, p.next_seq + 1
+                tree.extend(m.local_seq, m.local_backlog)
+                m.local_backlog = []
         args = (req.context, max_tokens, cfg.min_path_prob, cfg.max_spec_factor,
                 cfg.max_spec_offset)
-        best, source = self._prompts[req.key].tree.speculate(*args), "prompt"
-        if req.own is not None:
+        best, source = tree.speculate(*args), "prompt"
+        if not cfg.use_siblings:
+            if req.own is None:
+                req.own = SuffixTree(cfg.max_depth)
+            if req.own_backlog:
+                req.own.extend(0, req.own_backlog)
+                req.own_backlog = []
             d = req.own.speculate(*args)
             if d.score > best.score:
                 best, source = d, "own"
-        if cfg.use_global and self._global.num_seqs:
-            d = self._global.speculate(*args)
-            if d.score > best.score:
-                best, source = d, "global"
+        if cfg.use_global:
+            self._flush_global()
+            if self._global.num_seqs:
+                d = self._global.speculate(*args)
+                if d.score > best.score:
+                    best, source = d, "global"
         if best.token_ids:
             self._drafts += 1
             self._drafted_tokens += len(best.token_ids)
@@ -288,13 +309,13 @@ class GroupDrafter:
 
     def stats(self) -> DrafterStats:
         trees = [self._prompts[k].tree for k in self._trees]
-        own = [r.own for r in self._requests.values() if r.own is not None]
-        hist = [h for p in self._prompts.values() for h, _ in p.history]
+        trees += [r.own for r in self._requests.values() if r.own is not None]
+        hist = [h.tokens for p in self._prompts.values() for h in p.history]
         return DrafterStats(
             prompts=sum(1 for p in self._prompts.values() if p.history),
-            trees=len(trees), live_requests=len(self._requests),
+            trees=len(self._trees), live_requests=len(self._requests),
             history_responses=len(hist), history_tokens=int(sum(len(h) for h in hist)),
-            tree_bytes=sum(t.memory_bytes() for t in trees + own) + self._global.memory_bytes(),
+            tree_bytes=sum(t.memory_bytes() for t in trees) + self._global.memory_bytes(),
             drafts=self._drafts, drafted_tokens=self._drafted_tokens, wins=dict(self._wins))
 
     def cached_prompts(self) -> list[str]:
@@ -302,77 +323,97 @@ class GroupDrafter:
         return list(self._trees)
 
     # -- internals --------------------------------------------------------------------
-    def _end_group(self, p: _Prompt) -> None:
-        for req in self._finished_live.pop(p.key, []):
-            self._drop_live_seqs(p, req)
-        p.done.clear()
-        p.expected = None
+    def _prompt(self, key: str) -> _Prompt:
+        p = self._prompts.get(key)
+        if p is None:
+            p = self._prompts[key] = _Prompt(key)
+        return p
 
-    def _drop_live_seqs(self, p: _Prompt, req: _Request) -> None:
-        if req.local_seq is not None and p.tree is not None:
-            p.tree.remove(req.local_seq)
-        if req.global_seq is not None:
-            self._global.remove(req.global_seq)
-
-    def _touch_tree(self, p: _Prompt) -> None:
+    def _prompt_tree(self, p: _Prompt) -> SuffixTree:
         if p.tree is None:
             p.tree = SuffixTree(self.config.max_depth)
             p.tree.extend(PROMPT_SEQ, p.prompt_ids)
-            p.next_seq = PROMPT_SEQ + 1
-            self._rebuild_history_seqs(p)
-        self._trees[p.key] = None
+            for h in p.history:
+                self._insert_local(p, h)
+            self._trees[p.key] = None
+            self._evict()
         self._trees.move_to_end(p.key)
+        return p.tree
 
-    def _rebuild_history_seqs(self, p: _Prompt) -> None:
-        """(Re)insert the history sequences: prompt tail + response, `copies` times each."""
-        tree = p.tree
-        live = {r.local_seq for r in self._requests.values() if r.key == p.key}
-        live |= {r.local_seq for r in self._finished_live.get(p.key, [])}
-        for seq in tree.seq_ids():
-            if seq != PROMPT_SEQ and seq not in live:
-                tree.remove(seq)
-        tail = np.asarray(p.prompt_ids[-self.config.max_depth:], dtype=np.int32)
-        for tokens, copies in p.history:
-            seq_tokens = np.concatenate([tail, tokens])
-            for _ in range(copies):
-                tree.extend(p.next_seq, seq_tokens)
-                p.next_seq += 1
+    def _insert_local(self, p: _Prompt, h: _History) -> None:
+        """History sequence in the prompt tree: prompt tail + response, `copies` times."""
+        seq_tokens = np.concatenate([np.asarray(p.prompt_ids[-self.config.max_depth:],
+                                                dtype=np.int32), h.tokens])
+        for _ in range(h.copies):
+            p.tree.extend(p.next_seq, seq_tokens)
+            h.local_seqs.append(p.next_seq)
+            p.next_seq += 1
 
-    def _replace_global_history(self, p: _Prompt) -> None:
-        for seq in p.global_seqs:
-            self._global.remove(seq)
-            self._global_fifo.pop(seq, None)
-        p.global_seqs = []
-        if not self.config.use_global:
-            return
-        for tokens, copies in p.history:
+    def _add_history(self, p: _Prompt, tokens: np.ndarray, copies: int) -> _History:
+        h = _History(tokens, copies)
+        if p.tree is not None:
+            self._insert_local(p, h)
+        if self.config.use_global:
             for _ in range(copies):
                 seq = self._new_global_seq()
                 self._global.extend(seq, tokens)
-                self._global_fifo[seq] = p.key
-                p.global_seqs.append(seq)
-        while len(self._global_fifo) > self.config.max_global_responses:
-            seq, key = self._global_fifo.popitem(last=False)
+                self._global_fifo[seq] = (p.key, h)
+                h.global_seqs.append(seq)
+        return h
+
+    def _remove_history(self, p: _Prompt, h: _History) -> None:
+        if p.tree is not None:
+            for seq in h.local_seqs:
+                p.tree.remove(seq)
+        for seq in h.global_seqs:
             self._global.remove(seq)
-            self._prompts[key].global_seqs.remove(seq)
+            self._global_fifo.pop(seq, None)
+        h.local_seqs, h.global_seqs = [], []
+
+    def _cap_global(self) -> None:
+        while len(self._global_fifo) > self.config.max_global_responses:
+            seq, (_, h) = self._global_fifo.popitem(last=False)
+            self._global.remove(seq)
+            h.global_seqs.remove(seq)
+
+    def _flush_global(self) -> None:
+        for m in self._global_dirty:
+            if m.global_seq is None:
+                m.global_seq = self._new_global_seq()
+            self._global.extend(m.global_seq, m.global_backlog)
+            m.global_backlog = []
+        self._global_dirty.clear()
 
     def _new_global_seq(self) -> int:
         seq = self._next_global
         self._next_global = (self._next_global + 1) & 0x7FFFFFFF
         return seq
 
+    def _drop_member(self, p: _Prompt, m: _Request) -> None:
+        if m.local_seq is not None and p.tree is not None:
+            p.tree.remove(m.local_seq)
+        if m.global_seq is not None:
+            self._global.remove(m.global_seq)
+        self._global_dirty.discard(m)
+        p.members.remove(m)
+
+    def _end_group(self, p: _Prompt) -> None:
+        for m in list(p.members):
+            self._drop_member(p, m)
+        p.expected = None
+
     def _evict(self) -> None:
-        """Free LRU trees beyond the cap; prompts with live or pending requests stay."""
+        """Free LRU trees beyond the cap; prompts with requests in their group stay."""
         excess = len(self._trees) - self.config.max_cached_prompts
-        if excess <= 0:
-            return
         for key in list(self._trees):
             if excess <= 0:
                 break
             p = self._prompts[key]
-            if p.live or p.done:
+            if p.members:
                 continue
             p.tree = None
+            for h in p.history:
+                h.local_seqs = []
             del self._trees[key]
             excess -= 1
 
@@ -380,7 +421,7 @@ class GroupDrafter:
 def _reward_copies(responses: Sequence[HistoryResponse], cfg: DrafterConfig) -> list[int]:
     """How many times each history response enters the trees (1 unless reward-weighted)."""
     rewards = [r.reward for r in responses]
-    if not cfg.reward_weighted or any(r is None for r in rewards):
+    if not cfg.reward_weighted or not rewards or any(r is None for r in rewards):
         return [1] * len(responses)
     lo, hi = min(rewards), max(rewards)
     if hi <= lo:

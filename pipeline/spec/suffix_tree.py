@@ -111,9 +111,9 @@ class SuffixTree:
 
         The draft holds at most min(max_tokens, max_spec_factor * match_len +
         max_spec_offset) tokens and stops before the path probability drops below
-        `min_path_prob`. Only the last `max_depth` context tokens are used; the C++ side
-        never matches the whole context, so a context of fewer than 2 tokens drafts
-        nothing.
+        `min_path_prob`. Suffixes of 1 .. max_depth tokens are matched; the C++ side
+        never matches the whole context it is given, so a context of fewer than 2 tokens
+        drafts nothing.
         """
         if max_tokens <= 0 or not self._lengths:
             return EMPTY_DRAFT

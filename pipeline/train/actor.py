@@ -28,6 +28,7 @@ class Batch:
     prompt_lens: torch.Tensor  # [N]
     total_lens: torch.Tensor  # [N]
     advantages: torch.Tensor  # [N]
+    sampler_logprobs: torch.Tensor | None = None  # [N, T-1], vLLM's, aligned like token_logprobs
 
     @property
     def size(self) -> int:
@@ -35,8 +36,9 @@ class Batch:
 
     def rows(self, index: slice) -> "Batch":
         width = int(self.total_lens[index].max())
+        lp = None if self.sampler_logprobs is None else self.sampler_logprobs[index, : width - 1]
         return Batch(self.input_ids[index, :width], self.prompt_lens[index],
-                     self.total_lens[index], self.advantages[index])
+                     self.total_lens[index], self.advantages[index], lp)
 
 
 def micro_batch_size(per_rank_mini: int, cap: int) -> int:
@@ -106,6 +108,7 @@ class Actor:
         t = self.cfg.train
         old = self.score(batch)
         ref = self.score(batch, reference=True) if self.ref is not None else None
+        drift = self.sampler_drift(batch, old)
         per_mini = self.ds_config["gradient_accumulation_steps"] * self.micro
         sums: dict[str, float] = {}
         count = 0
@@ -121,7 +124,23 @@ class Actor:
                     for key, value in metrics.items():
                         sums[key] = sums.get(key, 0.0) + value
                     count += 1
-        return {k: v / max(1, count) for k, v in sums.items()}
+        out = {k: v / max(1, count) for k, v in sums.items()}
+        if drift is not None:
+            out["sampler_logprob_diff"] = drift
+        return out
+
+    def sampler_drift(self, batch: Batch, old: list[torch.Tensor]) -> float | None:
+        """Mean |log p_vLLM - log p_trainer| over response tokens: ~0 when the engine
+        samples from exactly the weights being trained (a broken weight sync shows here)."""
+        if batch.sampler_logprobs is None or self.cfg.rollout.temperature != 1.0:
+            return None
+        total, count = 0.0, 0
+        for s, lp in zip(self._slices(0, batch.size), old):
+            b = batch.rows(s)
+            mask = self._mask(b)
+            total += float((lp - b.sampler_logprobs).abs()[mask].sum())
+            count += int(mask.sum())
+        return total / max(1, count)
 
     def _micro_step(self, b: Batch, old: torch.Tensor, ref: torch.Tensor | None,
                     mini_tokens: int, n_micro: int) -> dict[str, float]:

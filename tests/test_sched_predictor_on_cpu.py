@@ -1,0 +1,83 @@
+"""Length predictor: recency weighting, the fallback, the probe's online refinement."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.sched.predictor import LengthPredictor, recency_weighted, refine
+
+HISTORY = {"a": {0: [10, 20], 1: [30]}, "b": {1: [4, 6]}}
+
+
+def test_recency_weighted_by_hand():
+    # epoch 0 mean 15 (age 1, weight 0.5), epoch 1 mean 30 (weight 1): (7.5 + 30) / 1.5
+    assert recency_weighted(HISTORY["a"], last_epochs=3, decay=0.5) == pytest.approx(25.0)
+    assert recency_weighted(HISTORY["a"], last_epochs=1, decay=0.5) == pytest.approx(30.0)
+    assert recency_weighted({0: [10], 1: [20], 2: [40]}, last_epochs=2, decay=1.0) == pytest.approx(30.0)
+    with pytest.raises(ValueError, match="no lengths"):
+        recency_weighted({0: []}, 3, 0.5)
+
+
+def test_known_prompts_and_the_median_fallback():
+    p = LengthPredictor(HISTORY)
+    assert p.predict("a") == pytest.approx(25.0) and p.predict("b") == pytest.approx(5.0)
+    assert p.known("a") and not p.known("new")
+    assert p.fallback == pytest.approx(15.0)  # median of 25 and 5
+    assert p.predict("new") == pytest.approx(15.0)
+
+
+def test_before_epoch_hides_the_epoch_being_predicted():
+    p = LengthPredictor(HISTORY, before_epoch=1)
+    assert p.predict("a") == pytest.approx(15.0)
+    assert not p.known("b")
+    assert p.predict("b") == pytest.approx(15.0)  # the fallback: the only known prompt's value
+
+
+def test_no_history_uses_the_configured_default():
+    p = LengthPredictor({}, default=48.0)
+    assert p.fallback == 48.0 and p.predict("x") == 48.0 and not p.known("x")
+    assert p.typical_max(64) == 0.0
+    assert LengthPredictor().predict("x") == 64.0
+
+
+def test_probe_refines_known_and_replaces_fallback():
+    p = LengthPredictor(HISTORY)
+    assert p.observe("a", 35) == pytest.approx(30.0)  # history counts as one observation
+    assert p.observe("new", 40) == pytest.approx(40.0)  # the fallback carries no weight
+    assert p.observe("new", 20) == pytest.approx(30.0)
+    fresh = p.fresh()
+    assert fresh.predict("a") == pytest.approx(25.0) and fresh.predict("new") == pytest.approx(15.0)
+    assert p.predict("a") == pytest.approx(30.0)  # the original keeps its observations
+    with pytest.raises(ValueError, match="length must be >= 0"):
+        p.observe("a", -1)
+
+
+def test_refine_by_hand():
+    assert refine(100.0, 1.0, []) == 100.0
+    assert refine(100.0, 1.0, [50]) == pytest.approx(75.0)
+    assert refine(100.0, 0.0, [50, 70]) == pytest.approx(60.0)
+
+
+def test_typical_max_is_the_quantile_of_recorded_lengths():
+    p = LengthPredictor(HISTORY)  # pooled lengths 10, 20, 30, 4, 6
+    assert p.typical_max(2) == pytest.approx(10.0)  # the median
+    assert p.typical_max(1) == 0.0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"last_epochs": 0}, "last_epochs must be >= 1"),
+    ({"decay": 0.0}, r"decay must be in \(0, 1\]"),
+    ({"default": -1.0}, "default must be >= 0"),
+])
+def test_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        LengthPredictor(HISTORY, **kwargs)
+
+
+def test_from_run_reads_the_history_store(tmp_path):
+    from pipeline.history.store import HistoryStore, RolloutRecord
+
+    store = HistoryStore(tmp_path)
+    store.append(0, [RolloutRecord("p", "h", 0, 0, 0, i, [1] * n, n, "stop", 0.0, 0.1)
+                     for i, n in enumerate([3, 5])])
+    assert LengthPredictor.from_run(tmp_path).predict("p") == pytest.approx(4.0)
