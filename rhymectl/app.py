@@ -17,6 +17,7 @@ except ImportError:  # pragma: no cover
     from click import exceptions as click_exc
 
 from pipeline.errors import UsageError
+from rhymectl import output
 from rhymectl import cmd_bench, cmd_doctor, cmd_init_model, cmd_profile, cmd_report, cmd_train
 
 app = typer.Typer(
@@ -38,6 +39,15 @@ def main(argv: list[str] | None = None) -> None:
     args = [a for a in args if a != "--debug"]
     if debug:
         os.environ["RHYMECTL_DEBUG"] = "1"  # torchrun children inherit it
+    if "--json" in args:
+        output.reserve_stdout_for_json()
+    try:
+        _run(args, debug)
+    finally:
+        output.release_stdout()
+
+
+def _run(args: list[str], debug: bool) -> None:
     try:
         result = app(args=args, prog_name="rhymectl", standalone_mode=False)
     except typer.Exit as exc:
@@ -49,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     except click_exc.ClickException as exc:
         if debug:
             raise
-        known = {c.name for c in app.registered_commands}
+        known = {c.name for c in app.registered_commands} | {g.name for g in app.registered_groups}
         command = f"{args[0]} " if args and args[0] in known else ""
         _fail(f"{exc.format_message()} (see `rhymectl {command}--help`)", exc.exit_code)
     except UsageError as exc:
