@@ -41,6 +41,16 @@ class Batch:
                      self.total_lens[index], self.advantages[index], lp)
 
 
+def _logs_to_stderr(deepspeed) -> None:
+    """DeepSpeed's logger writes to stdout; stdout is for results (one JSON object)."""
+    import logging
+    import sys
+
+    for handler in deepspeed.utils.logger.handlers:
+        if isinstance(handler, logging.StreamHandler) and handler.stream is sys.__stdout__:
+            handler.setStream(sys.stderr)
+
+
 def micro_batch_size(per_rank_mini: int, cap: int) -> int:
     """The largest divisor of `per_rank_mini` sequences that is <= `cap`."""
     return max(d for d in range(1, min(cap, per_rank_mini) + 1) if per_rank_mini % d == 0)
@@ -70,6 +80,7 @@ class Actor:
         import deepspeed
         from transformers import AutoModelForCausalLM
 
+        _logs_to_stderr(deepspeed)
         self.cfg = cfg
         dtype = torch.bfloat16 if cfg.deepspeed.bf16 else torch.float32
         model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype)
