@@ -373,9 +373,11 @@ def test_yaml_tags_are_not_executed(tmp_path):
 
 def test_the_tiny_sample_config_validates():
     cfg = load_config(TINY)
-    assert cfg.data.task == "sort" and cfg.model.path == "models/tiny-sort"
-    assert cfg.train.total_steps == 24 and cfg.train.ppo_mini_batch_size == 8
-    assert cfg.run.dir == "runs/tiny" and cfg.run.checkpoint_every == 8
+    assert cfg.data.task == "sort" and cfg.model.path == "models/tiny-sort"  # what init-model builds
+    assert cfg.run.dir == "runs/tiny"  # what `make demo` reports on
+    assert cfg.data.train_batch_size % cfg.train.ppo_mini_batch_size == 0
+    header = [line for line in Path(TINY).read_text().splitlines() if line.startswith("#")]
+    assert any("rhymectl train sample_configs/tiny.yaml" in line for line in header)
 
 
 def test_the_gpu_7b_sample_config_validates():
