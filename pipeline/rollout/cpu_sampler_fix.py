@@ -78,6 +78,15 @@ def is_needed() -> bool:
     return (dist, version.split("+")[0]) in AFFECTED and _on_cpu_platform()
 
 
+_original = None  # vLLM's own function, kept when patched (tests restore it)
+
+
+def original():
+    """vLLM's unpatched `expand_batch_to_tokens` (the current one if never patched)."""
+    from vllm.v1.sample import rejection_sampler
+    return _original or rejection_sampler.expand_batch_to_tokens
+
+
 def is_applied() -> bool:
     from vllm.v1.sample import rejection_sampler
     return getattr(rejection_sampler.expand_batch_to_tokens, _MARK, False)
@@ -91,6 +100,8 @@ def apply() -> bool:
     from vllm.v1.sample import rejection_sampler
     if getattr(rejection_sampler.expand_batch_to_tokens, _MARK, False):
         return False
+    global _original
+    _original = rejection_sampler.expand_batch_to_tokens
     setattr(expand_batch_to_tokens, _MARK, True)
     rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
     log.info("patched vllm.v1.sample.rejection_sampler.expand_batch_to_tokens "
