@@ -126,3 +126,20 @@ def test_two_ranks_under_torchrun(tiny_model, tmp_path):
     assert [r["step"] for r in metrics(run_dir)] == [1]
     assert (run_dir / "checkpoints/step-000001/state.json").is_file()
     assert json.loads((run_dir / "checkpoints/step-000001/state.json").read_text())["world_size"] == 2
+
+
+def test_training_with_history_and_sibling_drafts(tiny_model, tmp_path):
+    """spec.method=history+group inside the loop: step 2 revisits step 1's prompts (one
+    step per epoch), so its drafts come from history; the engine still samples from the
+    trained weights (vLLM's logprobs of the sampled tokens equal the trainer's)."""
+    run_dir = tmp_path / "spec"
+    train(tiny_model, run_dir, "train.total_steps=2", "spec.method=history+group",
+          "data.train_size=4", "rollout.temperature=1.0")
+    m = metrics(run_dir)
+    assert [r["step"] for r in m] == [1, 2] and [r["epoch"] for r in m] == [0, 1]
+    for r in m:
+        assert r["spec_tau"] >= 1.0 and 0.0 <= r["spec_accept_rate"] <= 1.0
+        assert r["spec_drafter_s"] >= 0.0
+        assert r["train_sampler_logprob_diff"] < 1e-4
+    assert m[1]["spec_tau"] > 1.0  # drafts from epoch 0's responses were accepted
+    assert {r["policy_version"] for r in history(run_dir, 1)} == {1}

@@ -78,7 +78,8 @@ def setup(cfg: Config, rank: int, world: int, resume: bool, force: bool) -> Cont
     reward_fn = resolve_reward(cfg.data.reward or cfg.data.task, cfg.data.partial_credit)
     actor = Actor(cfg, world)
     engine = RolloutEngine(cfg.model, cfg.rollout,
-                           cfg.data.max_prompt_length + cfg.rollout.max_tokens, cfg.run.seed)
+                           cfg.data.max_prompt_length + cfg.rollout.max_tokens, cfg.run.seed,
+                           cfg.spec)
     ctx = Context(cfg, rank, world, engine, actor, tokenizer, prompts, reward_fn, run_dir)
     ctx.eval_set = eval_prompts(cfg, {p.id for p in prompts.prompts})
     if rank == 0:

