@@ -21,10 +21,10 @@ def under_torchrun() -> bool:
 def launch(cfg: Config, config_path: Path, overrides: list[str], resume: bool, force: bool,
            nproc: int, console, json_out: bool = False) -> dict | None:
     """Returns the run summary on the rank that reports (rank 0), else None."""
-    rundir.check_run_dir(cfg, resume, force)
     if nproc > 1 and not under_torchrun():
+        rundir.check_run_dir(cfg, resume, force)  # fail here, before starting the ranks
         return spawn(config_path, overrides, resume, force, nproc, json_out)
-    from pipeline.loop.run import run
+    from pipeline.loop.run import run  # which checks the run directory on every rank
 
     return run(cfg, resume, force, console)
 
@@ -34,7 +34,7 @@ def spawn(config_path: Path, overrides: list[str], resume: bool, force: bool, np
     from pipeline.loop.dist import free_port
 
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-           f"--master_addr=127.0.0.1", f"--master_port={free_port()}",
+           "--master_addr=127.0.0.1", f"--master_port={free_port()}",
            "-m", "rhymectl", "train", str(config_path), *overrides]
     cmd += ["--resume"] * resume + ["--force"] * force + ["--json"] * json_out
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -123,7 +124,7 @@ def train(ctx: Context, console) -> None:
     view = LiveView(total, console, start_step=ctx.start_step) if ctx.rank == 0 else None
     if ctx.start_step == 0:
         run_eval(ctx, 0)
-    with view if view else _Null():
+    with view if view else nullcontext():
         for step in range(ctx.start_step, total):
             step_started = time.perf_counter()
             result = rl_step(ctx, step)
@@ -174,11 +175,3 @@ def save(ctx: Context, steps_done: int) -> None:
                  "world_size": ctx.world_size, "pid": os.getpid()}
         checkpoint.commit(root, steps_done, state, Path(ctx.cfg.model.path), ctx.cfg.run.keep_checkpoints)
     dist.barrier()
-
-
-class _Null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False

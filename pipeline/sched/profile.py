@@ -14,21 +14,16 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.atomic import write_atomic
-from pipeline.errors import UsageError
 from pipeline.sched.predictor import LengthHistory, LengthPredictor
 
 RANK_MOVE = 0.10
 
 
 def load_lengths(run_dir: str | Path) -> LengthHistory:
-    from pipeline.history.store import HistoryStore
+    from pipeline.sched.trace import open_history
 
-    run_dir = Path(run_dir)
-    store = HistoryStore(run_dir, readonly=True)
-    if not store.steps():
-        raise UsageError(f"{run_dir} has no history ({run_dir / 'history'}/step-*.parquet); "
-                         f"is it a run directory with at least one step of `rhymectl train`?")
-    return store.lengths()
+    return open_history(run_dir, "is it a run directory with at least one step of "
+                                 "`rhymectl train`?").lengths()
 
 
 def _num(x: float | None, digits: int = 4) -> float | None:

@@ -92,15 +92,21 @@ def read_trace(path: str | Path) -> Trace:
                                   for (e, gid), ls in sorted(groups.items())))
 
 
-def trace_from_history(run_dir: str | Path) -> Trace:
-    """The length trace of a run directory's history store."""
+def open_history(run_dir: str | Path, hint: str):
+    """The run directory's history store (read-only); UsageError ending in `hint` if empty."""
     from pipeline.history.store import HistoryStore
 
     run_dir = Path(run_dir)
     store = HistoryStore(run_dir, readonly=True)
     if not store.steps():
         raise UsageError(f"{run_dir} has no history ({run_dir / 'history'}/step-*.parquet); "
-                         f"train at least one step there, or pass --trace FILE")
+                         f"{hint}")
+    return store
+
+
+def trace_from_history(run_dir: str | Path) -> Trace:
+    """The length trace of a run directory's history store."""
+    store = open_history(run_dir, "train at least one step there, or pass --trace FILE")
     groups = [TraceGroup(pid, epoch, tuple(lengths))
               for pid, per_epoch in sorted(store.lengths().items())
               for epoch, lengths in sorted(per_epoch.items())]
