@@ -18,7 +18,8 @@ except ImportError:  # pragma: no cover
 
 from pipeline.errors import UsageError
 from rhymectl import output
-from rhymectl import cmd_bench, cmd_doctor, cmd_init_model, cmd_profile, cmd_report, cmd_train
+from rhymectl import (cmd_bench, cmd_doctor, cmd_index, cmd_init_model, cmd_profile, cmd_report,
+                      cmd_train)
 
 app = typer.Typer(
     name="rhymectl",
@@ -29,7 +30,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-for module in (cmd_init_model, cmd_train, cmd_report, cmd_profile, cmd_bench, cmd_doctor):
+for module in (cmd_init_model, cmd_train, cmd_report, cmd_profile, cmd_bench, cmd_index,
+               cmd_doctor):
     module.register(app)
 
 

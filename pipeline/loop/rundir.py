@@ -4,6 +4,7 @@ one run from overwriting or resuming another.
     RUN_DIR/config.yaml     resolved config        RUN_DIR/run.json   fingerprints
     RUN_DIR/metrics.jsonl   one line per step      RUN_DIR/history/   rollout store
     RUN_DIR/checkpoints/step-NNNNNN/   complete checkpoints only (see train.checkpoint)
+    RUN_DIR/index/          history index: last K epochs per prompt (see history.index)
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pipeline.errors import UsageError
 RESUMABLE_KEYS = ("run.dir", "train.total_steps", "run.checkpoint_every", "run.keep_checkpoints",
                   "run.eval_every", "run.threads")
 OWN_ENTRIES = {"config.yaml", "run.json", "metrics.jsonl", "eval.jsonl", "history", "checkpoints",
-               "report"}
+               "report", "index"}
 
 
 def config_fingerprint(cfg: Config) -> str:
