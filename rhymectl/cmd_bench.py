@@ -1,5 +1,6 @@
 """`rhymectl bench ...`: side-by-side measurements against the baselines.
 
+`bench spec` regenerates the same epochs' rollouts with every speculative method.
 `bench sched` compares placement policies on one rollout step. Only the simulated path
 (`--simulate`) exists so far; measuring real rollout workers comes with the scheduler's
 integration into training.
@@ -8,7 +9,7 @@ integration into training.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -17,10 +18,12 @@ from pipeline.errors import UsageError
 from rhymectl.output import emit_json, log, out
 
 DEFAULT_POLICIES = "static,histopipe,seer,oracle"
+DEFAULT_METHODS = "none,ngram,suffix,history,group,history+group"
 
 bench_app = typer.Typer(
     help="Side-by-side measurements against the baselines.\n\n"
-         "Example: rhymectl bench sched runs/tiny --workers 64 --simulate",
+         "Example: rhymectl bench spec sample_configs/tiny.yaml data.train_size=128 --epochs 3\n\n"
+    "Example: rhymectl bench sched runs/tiny --workers 64 --simulate",
     no_args_is_help=True,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -28,6 +31,89 @@ bench_app = typer.Typer(
 
 def register(app: typer.Typer) -> None:
     app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("spec", help=(
+    "Regenerate the same rollouts with every speculative method and compare: tau (tokens per "
+    "target forward pass), acceptance rate, target passes, scheduled tokens, rollout seconds, "
+    "tokens per second, speedup over none, floor_s (the generated tokens at the measured cost "
+    "per scheduled token: no per-pass overhead, no rejected drafts) and, at temperature 0, "
+    "whether responses are token-identical to none's. Trains --epochs epochs of CONFIG once "
+    "(into --run-dir, reused when it already holds them), checkpointing the policy at each "
+    "epoch start; each later epoch's batches are then regenerated from that epoch's "
+    "checkpoint, drafting from the epochs before it. `suffix` is vLLM's own method with its "
+    "global cache fed the same earlier responses. `none` is always measured (the reference). "
+    "Writes a PNG of tau and speedup, by default RUN_DIR/report/bench-spec.png.\n\n"
+    "Example: rhymectl bench spec sample_configs/tiny.yaml data.train_size=128 --epochs 3 --json\n\n"
+    "Example: rhymectl bench spec sample_configs/tiny.yaml rollout.temperature=0 "
+    "--methods none,suffix,history+group --epochs 2"))
+def spec(
+    config: Path = typer.Argument(..., help="YAML config (see sample_configs/)."),
+    overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides, e.g. data.train_size=128"),
+    methods: str = typer.Option(DEFAULT_METHODS, "--methods", help="Comma-separated methods."),
+    epochs: int = typer.Option(3, "--epochs", help="Epochs to train; epochs 1 .. E-1 are measured."),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Training run to create or reuse "
+                                                                   "[run.dir + '-bench-spec']."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="PNG [RUN_DIR/report/bench-spec.png]."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
+) -> None:
+    from pipeline.config import load_config
+    from pipeline.loop.preflight import preflight
+    from pipeline.spec.bench_plan import ensure_trained, make_plan, parse_methods
+
+    names = parse_methods(methods)
+    extra = list(overrides or [])
+    cfg = load_config(config, extra)
+    preflight(cfg, world_size=1)
+    plan = make_plan(cfg, epochs, run_dir)
+    if ensure_trained(plan, config, extra):
+        log.print(f"trained {plan.total_steps} steps into {plan.run_dir}", markup=False)
+    else:
+        log.print(f"reusing the trained epochs in {plan.run_dir}", markup=False)
+    result, plot_path = _measure(plan, names, config, extra, plot)
+    if json_out:
+        emit_json({**result, "plot": str(plot_path)})
+    else:
+        _render_spec(result)
+    log.print(f"plot: {plot_path}", markup=False, soft_wrap=True)
+
+
+def _measure(plan, names, config, overrides, plot):
+    from pipeline.spec.bench import build_work, run_isolated, summarize, workload, write_plot
+
+    results = {}
+    for name in names:
+        results[name] = run_isolated(config, overrides, plan, name)
+        r = results[name]
+        log.print(f"{name}: {r.requests} responses, {r.generated} tokens in {r.rollout_s:.2f} s",
+                  markup=False)
+    from transformers import AutoTokenizer
+
+    work = build_work(plan, AutoTokenizer.from_pretrained(plan.cfg.model.path))
+    summary = summarize(results, plan.cfg.rollout.temperature)
+    load = workload(plan, work, results)
+    title = (f"{load['task']}: epochs {load['epochs_measured']} × {load['steps_per_epoch']} steps × "
+             f"{load['sequences_per_step']} sequences, T={load['temperature']}")
+    plot_path = write_plot(summary, plot or plan.run_dir / "report" / "bench-spec.png", title)
+    return {"methods": summary, "workload": load}, plot_path
+
+
+def _render_spec(result: dict) -> None:
+    from rich.table import Table
+
+    w = result["workload"]
+    table = Table(title=f"{w['task']}: epochs {w['epochs_measured']}, {w['requests']} requests, "
+                        f"{w['sequences_per_step']} sequences per step, T={w['temperature']}")
+    columns = ("method", "tau", "accept", "passes", "sched tokens", "rollout s", "tok/s",
+               "speedup", "floor s", "drafter", "identical")
+    for column in columns:
+        table.add_column(column, justify="right", no_wrap=True)
+    for name, m in result["methods"].items():
+        same = {True: "yes", False: "NO", None: "–"}[m["identical"]]
+        table.add_row(name, f"{m['tau']:.2f}", f"{m['accept_rate']:.0%}", str(m["passes"]),
+                      str(m["scheduled_tokens"]), f"{m['rollout_s']:.2f}", f"{m['tok_per_s']:.0f}",
+                      f"{m['speedup']:.2f}×", f"{m['floor_s']:.2f}", f"{m['drafter_frac']:.1%}", same)
+    out.print(table)
 
 
 @bench_app.command("sched", help=(

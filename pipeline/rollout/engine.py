@@ -16,6 +16,7 @@ import torch
 
 from pipeline.config.schema import ModelConfig, RolloutConfig, SpecConfig
 from pipeline.rollout import speculation
+from pipeline.rollout.meter import PassCounts, PassMeter
 
 
 @dataclass
@@ -76,6 +77,8 @@ class RolloutEngine:
         self.drafting = None
         if spec is not None and spec.method in ("history", "group", "history+group"):
             self.drafting = speculation.Drafting(self.model_runner(), spec)
+        self.meter = PassMeter(self.model_runner())
+        self.last_passes = PassCounts()  # target forward passes of the last `generate`
 
     # -- generation ---------------------------------------------------------------------
     def generate(self, prompts: Sequence[list[int]], spec: SamplingSpec) -> list[list[Completion]]:
@@ -98,7 +101,11 @@ class RolloutEngine:
                     max_tokens=spec.max_tokens, logprobs=0, seed=seed))
         if self.drafting:
             self.drafting.before(prompts, spec.n)
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        self.meter.start()
+        try:
+            outputs = self.llm.generate(requests, params, use_tqdm=False)
+        finally:
+            self.last_passes = self.meter.stop()
         if self.drafting:
             self.drafting.after()
         groups: list[list[Completion]] = [[] for _ in prompts]
@@ -146,6 +153,10 @@ class RolloutEngine:
             lm_head.quant_method.process_weights_after_loading(lm_head)
         self.llm.reset_prefix_cache()
         self.loaded_version = version
+
+    def warm_suffix_cache(self, pairs) -> int:
+        """Feed (prompt ids, response ids) pairs to vLLM's `suffix` cache (see speculation)."""
+        return speculation.warm_suffix_cache(self.model_runner(), pairs)
 
     def model_runner(self):
         return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner

