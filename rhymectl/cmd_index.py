@@ -67,7 +67,7 @@ def stats(
     if not run_dir.is_dir():
         raise UsageError(f"{run_dir} is not a directory; pass a run directory written by "
                          f"`rhymectl train`")
-    if not (run_dir / "index").exists():
+    if not (run_dir / index.INDEX_DIR).exists():
         raise UsageError(f"{run_dir} has no history index; build it with "
                          f"`rhymectl index build {run_dir}`")
     model_dir, _ = _from_config(run_dir, model, None, need_epochs=False)

@@ -6,6 +6,7 @@ Each run is a real `rhymectl train` process: small batches, a few steps.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,13 +24,17 @@ SMALL = ["data.train_batch_size=4", "train.ppo_mini_batch_size=2", "rollout.n=4"
 
 
 def train(model: Path, run_dir: Path, *extra: str, nproc: int = 1) -> dict:
+    proc = train_process(model, run_dir, *extra, nproc=nproc)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout) if proc.stdout.strip() else {}
+
+
+def train_process(model: Path, run_dir: Path, *extra: str, nproc: int = 1):
     cmd = [sys.executable, "-m", "rhymectl", "train", str(REPO / "sample_configs/tiny.yaml"),
            f"model.path={model}", f"run.dir={run_dir}", *SMALL, *extra, "--json"]
     if nproc > 1:
         cmd += ["--nproc", str(nproc)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout) if proc.stdout.strip() else {}
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
 
 
 def metrics(run_dir: Path) -> list[dict]:
@@ -131,15 +136,29 @@ def test_two_ranks_under_torchrun(tiny_model, tmp_path):
 def test_training_with_history_and_sibling_drafts(tiny_model, tmp_path):
     """spec.method=history+group inside the loop: step 2 revisits step 1's prompts (one
     step per epoch), so its drafts come from history; the engine still samples from the
-    trained weights (vLLM's logprobs of the sampled tokens equal the trainer's)."""
+    trained weights (vLLM's logprobs of the sampled tokens equal the trainer's).
+
+    Step 2 runs in a resumed process: the drafter's history comes back from the index the
+    checkpoint refreshed. Without the index, a resume warns and drafts live only."""
     run_dir = tmp_path / "spec"
-    train(tiny_model, run_dir, "train.total_steps=2", "spec.method=history+group",
-          "data.train_size=4", "rollout.temperature=1.0")
+    args = ("spec.method=history+group", "data.train_size=4", "rollout.temperature=1.0")
+    train(tiny_model, run_dir, "train.total_steps=1", *args)
+    meta = json.loads((run_dir / "index" / "meta.json").read_text())
+    assert meta["last_step"] == 0 and meta["rows"] == 4 * 4
+    train(tiny_model, run_dir, "train.total_steps=2", *args, "--resume")
     m = metrics(run_dir)
     assert [r["step"] for r in m] == [1, 2] and [r["epoch"] for r in m] == [0, 1]
     for r in m:
         assert r["spec_tau"] >= 1.0 and 0.0 <= r["spec_accept_rate"] <= 1.0
         assert r["spec_drafter_s"] >= 0.0
         assert r["train_sampler_logprob_diff"] < 1e-4
+    assert m[0]["spec_history_prompts"] == 0
+    assert m[1]["spec_history_prompts"] == 4  # refilled from the index after the resume
     assert m[1]["spec_tau"] > 1.0  # drafts from epoch 0's responses were accepted
     assert {r["policy_version"] for r in history(run_dir, 1)} == {1}
+
+    shutil.rmtree(run_dir / "index")
+    proc = train_process(tiny_model, run_dir, "train.total_steps=3", *args, "--resume")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "has no history index" in proc.stderr
+    assert metrics(run_dir)[2]["spec_history_prompts"] == 0

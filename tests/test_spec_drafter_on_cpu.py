@@ -309,3 +309,16 @@ def test_stats_report_history_and_memory():
     s = d.stats()
     assert (s.prompts, s.history_responses, s.history_tokens, s.live_requests) == (1, 2, 5, 1)
     assert s.tree_bytes > 0
+
+
+def test_history_from_read_only_arrays():
+    """The history index hands out read-only views of Arrow buffers; the C++ tree must
+    still accept them (nanobind refuses read-only arrays unless they are copied)."""
+    import numpy as np
+
+    ids = np.arange(5, 25, dtype=np.int32)
+    ids.flags.writeable = False
+    d = GroupDrafter(DrafterConfig.for_method("history"))
+    d.set_history(prompt_hash([1, 2, 3]), [HistoryResponse(ids)])
+    d.start("r", [1, 2, 3], [5, 6, 7])
+    assert d.draft("r", 4).token_ids == [8, 9, 10, 11]

@@ -41,6 +41,7 @@ from pipeline.errors import UsageError
 from pipeline.history.store import HistoryStore
 
 FORMAT = 1
+INDEX_DIR = "index"  # under the run directory
 SCHEMA = pa.schema([
     ("prompt_id", pa.string()),
     ("prompt_hash", pa.string()),
@@ -172,7 +173,7 @@ def build(run_dir: str | Path, model_dir: str | Path, history_epochs: int, *,
         raise UsageError(f"{run_dir} has no history ({run_dir / 'history'}/step-*.parquet); "
                          f"train at least one step first")
     fp = fingerprint(model_dir)
-    index_dir = run_dir / "index"
+    index_dir = run_dir / INDEX_DIR
     with _locked(index_dir, exclusive=True):
         for stray in index_dir.glob(".*.tmp"):
             stray.unlink(missing_ok=True)  # a write that crashed before its rename
@@ -304,7 +305,7 @@ def load(run_dir: str | Path, model_dir: str | Path | None,
     too, with stats().current False: drafts from it are only slower, never wrong.
     """
     run_dir = Path(run_dir)
-    index_dir = run_dir / "index"
+    index_dir = run_dir / INDEX_DIR
     if not (index_dir / "meta.json").exists() and not (index_dir / "history.parquet").exists():
         return None
     fp = None if model_dir is None else fingerprint(model_dir)
@@ -340,7 +341,7 @@ _META_TYPES = {"format": int, "fingerprint": dict, "history_epochs": int, "last_
 
 def _open(run_dir: Path, fp: dict | None = None, model_dir=None) -> tuple[dict, pa.Table]:
     """meta.json and the table, every check passed; _Corrupt or the mismatch error if not."""
-    index_dir = run_dir / "index"
+    index_dir = run_dir / INDEX_DIR
     try:
         meta = json.loads((index_dir / "meta.json").read_text())
     except (OSError, ValueError) as exc:

@@ -114,6 +114,32 @@ def restore(ctx: Context) -> None:
         ctx.metrics.truncate_after(state["step"])
         ctx.evals.truncate_after(state["step"])
     dist.barrier()
+    restore_drafting(ctx)
+
+
+def restore_drafting(ctx: Context) -> None:
+    """Refill the drafter's history window from the run's index, refreshed (rank 0) to the
+    rolled-back history first. A missing index means live drafting only, with a warning; a
+    corrupt or foreign one stops the run (one line, exit 2) rather than being used."""
+    from pipeline.history import index
+
+    drafting = ctx.engine.drafting
+    if drafting is None or not drafting.spec.method.startswith("history"):
+        return
+    cfg = ctx.cfg
+    present = (ctx.run_dir / index.INDEX_DIR).is_dir()
+    if ctx.rank == 0 and present:
+        index.build(ctx.run_dir, cfg.model.path, cfg.spec.history_epochs)
+    dist.barrier()
+    loaded = index.load(ctx.run_dir, cfg.model.path, cfg.spec.history_epochs) if present else None
+    if loaded is None:
+        if ctx.rank == 0:
+            import sys
+            print(f"warning: {ctx.run_dir}/{index.INDEX_DIR} has no history index; drafting from "
+                  f"live siblings until history accumulates (build one with `rhymectl index build "
+                  f"{ctx.run_dir}`)", file=sys.stderr)
+        return
+    drafting.load_history(loaded.responses(as_arrays=True))
 
 
 def train(ctx: Context, console) -> None:
@@ -174,4 +200,7 @@ def save(ctx: Context, steps_done: int) -> None:
                  "policy_version": ctx.policy_version, "history_last_step": steps_done - 1,
                  "world_size": ctx.world_size, "pid": os.getpid()}
         checkpoint.commit(root, steps_done, state, Path(ctx.cfg.model.path), ctx.cfg.run.keep_checkpoints)
+        from pipeline.history import index  # kept current for restarts and `rhymectl index`
+
+        index.build(ctx.run_dir, ctx.cfg.model.path, ctx.cfg.spec.history_epochs)
     dist.barrier()

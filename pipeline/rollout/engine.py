@@ -107,7 +107,7 @@ class RolloutEngine:
         finally:
             self.last_passes = self.meter.stop()
         if self.drafting:
-            self.drafting.after()
+            self.drafting.after(self.last_passes)
         groups: list[list[Completion]] = [[] for _ in prompts]
         for i, out in enumerate(outputs):
             groups[i // spec.n].append(_completion(out))

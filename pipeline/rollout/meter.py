@@ -34,7 +34,7 @@ class PassCounts:
     draft_tokens: int = 0  # draft tokens scheduled for verification
     draft_seconds: float = 0.0  # inside propose_draft_token_ids
     seconds: float = 0.0  # first pass start .. stop
-    samples: list = field(default_factory=list)  # (scheduled tokens, pass seconds)
+    samples: list = field(default_factory=list)  # (scheduled tokens, seconds, had prefill)
 
     def tau(self, generated: int, requests: int) -> float:
         decode = self.seq_passes - self.prefill_seq_passes
@@ -51,7 +51,7 @@ class PassMeter:
     def __init__(self, runner):
         self._runner = runner
         self._counts: PassCounts | None = None
-        self._last: tuple[float, int] | None = None  # (start, scheduled tokens) of the last pass
+        self._last: tuple[float, int, bool] | None = None  # start, tokens, prefill of the last pass
         self._first: float | None = None
         execute, propose = runner.execute_model, runner.propose_draft_token_ids
 
@@ -99,12 +99,12 @@ class PassMeter:
         c.prefill_seq_passes += len(new)
         c.draft_tokens += sum(len(v) for v in (getattr(so, "scheduled_spec_decode_tokens", {})
                                                 or {}).values())
-        self._last = (now, total)
+        self._last = (now, total, bool(new))
 
     def _close_pass(self, now: float) -> None:
         if self._last is not None and self._counts is not None:
-            start, tokens = self._last
-            self._counts.samples.append((tokens, now - start))
+            start, tokens, prefill = self._last
+            self._counts.samples.append((tokens, now - start, prefill))
         self._last = None
 
 

@@ -74,13 +74,25 @@ class Drafting:
         self.proposer = attach(runner, self.drafter, DraftBudget(budget_config(spec)))
         # prompt hash -> the last K epochs' responses, oldest first
         self._epochs: dict[str, deque] = defaultdict(lambda: deque(maxlen=spec.history_epochs))
+        self._pass_samples: deque = deque(maxlen=4096)  # (scheduled tokens, seconds), decode
 
     def before(self, prompts: Sequence[list[int]], n: int) -> None:
         for ids in prompts:
             self.drafter.expect_group(ids, n)
 
-    def after(self) -> None:
+    def after(self, passes=None) -> None:
+        """End of one `generate`; `passes` (the meter's counts) refits the budget's cost
+        model to what a decode pass really costs on this machine at this batch size."""
         self.proposer.end_step()
+        if passes is not None:
+            from dataclasses import replace
+
+            from pipeline.spec.budget import fit_cost_model
+
+            self._pass_samples.extend((t, s) for t, s, prefill in passes.samples if not prefill)
+            budget = self.proposer.budget
+            cost = fit_cost_model(list(self._pass_samples), budget.config.cost)
+            budget.config = replace(budget.config, cost=cost)
 
     def remember(self, records: Sequence) -> None:
         """Add one step's rollout records (all ranks') to the per-prompt history."""
@@ -96,7 +108,24 @@ class Drafting:
                 window.append((epoch[key], list(responses)))
             self.drafter.set_history(key, [r for _, rs in window for r in rs])
 
+    def load_history(self, responses: dict) -> int:
+        """Refill the per-prompt window from a history index (`HistoryIndex.responses()`:
+        prompt hash -> [(epoch, token ids, reward)], oldest first), e.g. after a resume.
+        Returns the prompts loaded."""
+        from pipeline.spec.drafter import HistoryResponse
+
+        for key, rows in responses.items():
+            window = self._epochs[key]
+            window.clear()
+            for epoch, ids, reward in rows:
+                if not window or window[-1][0] != epoch:
+                    window.append((epoch, []))
+                window[-1][1].append(HistoryResponse(ids, float(reward)))
+            self.drafter.set_history(key, [r for _, rs in window for r in rs])
+        return len(responses)
+
     def stats(self) -> dict[str, float]:
         s = self.proposer.reset_stats()
         return {"spec_tau": s.tau, "spec_accept_rate": s.accept_rate,
-                "spec_drafter_s": s.propose_seconds}
+                "spec_drafter_s": s.propose_seconds,
+                "spec_history_prompts": sum(1 for w in self._epochs.values() if w)}

@@ -119,7 +119,18 @@ def run_isolated(config_path: Path, overrides: list[str], plan: Plan, method: st
     return MethodResult(**data)
 
 
-def run_method(plan: Plan, method: str, work: list[EpochWork], advance) -> MethodResult:
+def warmup_prompts(plan: Plan, tokenizer) -> list[list[int]]:
+    """One step's worth of held-out prompts (never trained on, never measured): each engine
+    generates them once before measuring, so no method pays the CPU kernels' first-shape
+    costs inside its measurement. Empty for a user data set without data.eval_path."""
+    from pipeline.loop.evaluate import eval_prompts
+
+    held_out = eval_prompts(plan.cfg, set())[: plan.cfg.data.train_batch_size]
+    return [tokenizer(p.text)["input_ids"] for p in held_out]
+
+
+def run_method(plan: Plan, method: str, work: list[EpochWork], advance,
+               warmup: list[list[int]] = ()) -> MethodResult:
     """Regenerate every epoch's work with one method; `advance()` after each step."""
     from pipeline.loop import dist
     from pipeline.loop.step import sampling
@@ -132,6 +143,8 @@ def run_method(plan: Plan, method: str, work: list[EpochWork], advance) -> Metho
                            replace(cfg.spec, method=method))
     result = MethodResult(method)
     try:
+        if warmup:
+            engine.generate(list(warmup), replace(sampling(cfg, -1), seed=None))
         for ew in work:
             engine.update_weights(_policy_tensors(ew.policy_dir), ew.epoch)
             _learn_history(engine, method, ew.earlier, prompt_ids_of(work))
@@ -182,12 +195,12 @@ def summarize(results: dict[str, MethodResult], temperature: float) -> dict[str,
     from pipeline.spec.budget import CostModel, fit_cost_model
 
     base = results["none"]
-    base_cost = fit_cost_model(base.samples, CostModel(0.0, base.rollout_s / max(1, base.scheduled_tokens)))
+    base_cost = fit_cost_model(decode_samples(base), CostModel(0.0, base.rollout_s / max(1, base.scheduled_tokens)))
     out = {}
     for name, r in results.items():
         decode = r.seq_passes - r.prefill_seq_passes
         emitted = r.generated - r.requests
-        cost = fit_cost_model(r.samples, base_cost)
+        cost = fit_cost_model(decode_samples(r), base_cost)
         out[name] = {
             "tau": round(emitted / decode, 4) if decode > 0 else 1.0,
             "accept_rate": round(max(0.0, emitted - decode) / r.draft_tokens, 4) if r.draft_tokens else 0.0,
@@ -206,6 +219,12 @@ def summarize(results: dict[str, MethodResult], temperature: float) -> dict[str,
             "pass_per_token_ms": round(cost.per_token_s * 1e3, 5),
         }
     return out
+
+
+def decode_samples(r: MethodResult) -> list[tuple[int, float]]:
+    """(scheduled tokens, seconds) of the passes without a prompt prefill: the cost of a
+    decode pass is what speculation trades in (prefill passes are the same for all)."""
+    return [(tokens, seconds) for tokens, seconds, prefill in r.samples if not prefill]
 
 
 def workload(plan: Plan, work: list[EpochWork], results: dict[str, MethodResult]) -> dict:

@@ -16,18 +16,20 @@ def main(argv: list[str]) -> None:
 
     from pipeline.atomic import write_json_atomic
     from pipeline.config import load_config
-    from pipeline.spec.bench import build_work, run_method
+    from pipeline.spec.bench import build_work, run_method, warmup_prompts
     from pipeline.spec.bench_plan import make_plan
     from rhymectl.output import log
 
     config, run_dir, epochs, method, result_path, *overrides = argv
     plan = make_plan(load_config(Path(config), overrides), int(epochs), Path(run_dir))
-    work = build_work(plan, AutoTokenizer.from_pretrained(plan.cfg.model.path))
+    tokenizer = AutoTokenizer.from_pretrained(plan.cfg.model.path)
+    work = build_work(plan, tokenizer)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
     with Progress(*columns, console=log, transient=True) as progress:
         task = progress.add_task(f"bench spec: {method}", total=sum(len(ew.steps) for ew in work))
-        result = run_method(plan, method, work, lambda: progress.advance(task))
+        result = run_method(plan, method, work, lambda: progress.advance(task),
+                            warmup_prompts(plan, tokenizer))
     write_json_atomic(result_path, dataclasses.asdict(result))
 
 

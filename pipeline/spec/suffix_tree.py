@@ -54,8 +54,10 @@ EMPTY_DRAFT = Draft()
 
 
 def as_int32(tokens: TokenIds) -> np.ndarray:
-    """Contiguous 1-D int32 view or copy, as the C++ overloads require."""
-    return np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+    """Contiguous, writable 1-D int32 view or copy, as the C++ overloads require (nanobind
+    refuses read-only arrays, such as views of Arrow buffers)."""
+    arr = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+    return arr if arr.flags.writeable else arr.copy()
 
 
 class SuffixTree:
