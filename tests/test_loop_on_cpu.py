@@ -60,6 +60,9 @@ def test_two_steps_record_metrics_history_and_checkpoints(uninterrupted):
         assert 0 < r["resp_len_mean"] <= r["resp_len_p90"] <= r["resp_len_max"] <= 48
         for phase in ("rollout", "reward", "train", "sync"):
             assert r[f"time_{phase}_s"] >= 0.0
+        assert r["rollout_bubble_ratio"] == 0.0  # one rank: never waits for another
+        assert 0.0 <= r["rollout_tail_s"] < r["time_rollout_s"]
+        assert "spec_tau" not in r  # no speculation, no speculation metrics
     for step in (0, 1):
         rows = history(uninterrupted, step)
         assert len(rows) == 4 * 4  # batch × group
@@ -129,6 +132,8 @@ def test_two_ranks_under_torchrun(tiny_model, tmp_path):
     assert len(rows) == 4 * 4  # both ranks' halves of the batch, persisted once
     assert len({r["prompt_id"] for r in rows}) == 4
     assert [r["step"] for r in metrics(run_dir)] == [1]
+    m = metrics(run_dir)[0]
+    assert 0.0 <= m["rollout_bubble_ratio"] < 1.0 and 0.0 <= m["rollout_tail_s"] <= m["time_rollout_s"]
     assert (run_dir / "checkpoints/step-000001/state.json").is_file()
     assert json.loads((run_dir / "checkpoints/step-000001/state.json").read_text())["world_size"] == 2
 

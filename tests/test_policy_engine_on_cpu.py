@@ -117,3 +117,25 @@ def test_sampled_groups_have_logprobs_and_finish_reasons(engine, tiny_model):
             assert c.finish_reason != "length" or len(c.token_ids) == 24
     again = engine.generate([tok(p)["input_ids"] for p in PROMPTS[:2]], spec)
     assert [[c.token_ids for c in g] for g in again] == [[c.token_ids for c in g] for g in groups]
+
+
+@pytest.mark.engine
+def test_pass_meter_counts_every_target_pass(engine, tiny_model):
+    """Without speculation every decode pass emits exactly one token per sequence: the
+    meter's tau is 1, no draft tokens, and the passes cover the longest response."""
+    from transformers import AutoTokenizer
+
+    from pipeline.rollout.engine import SamplingSpec
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    groups = engine.generate([tok(p)["input_ids"] for p in PROMPTS],
+                             SamplingSpec(n=3, temperature=1.0, max_tokens=40, seed=5))
+    c = engine.last_passes
+    lengths = [len(x.token_ids) for g in groups for x in g]
+    generated, requests = sum(lengths), len(lengths)
+    assert c.prefill_seq_passes == requests
+    assert c.seq_passes - c.prefill_seq_passes == generated - requests
+    assert c.tau(generated, requests) == 1.0 and c.draft_tokens == 0
+    assert c.passes >= max(lengths) and len(c.samples) == c.passes
+    assert c.scheduled_tokens > generated  # prompt tokens were scheduled too
+    assert all(seconds > 0 for _, seconds, _ in c.samples)

@@ -146,3 +146,36 @@ def test_spec_config_maps_to_drafter_and_budget():
     assert (b.max_len, b.start_len, b.min_len) == (1, 1, 1)
     with pytest.raises(ValueError, match="expected one of"):
         drafter_config(SpecConfig(method="ngram"))
+
+
+# ---------------------------------------------------------------- fast path
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fast_allocation_equals_the_reference(seed):
+    """`allocate_ids` skips requests whose first token cannot pay; it must grant exactly
+    what the plain one-heap computation grants, in full batches and in the tail."""
+    import random
+
+    rng = random.Random(seed)
+    for trial in range(150):
+        cost = CostModel(rng.choice([0.001, 0.006, 0.018]), rng.choice([0.0001, 0.0002, 0.001]))
+        b = budget(start_len=rng.choice([1, 2, 4]), max_len=8, cost=cost,
+                   prior_accept=rng.choice([0.3, 0.5, 0.8, 0.95]),
+                   prior_weight=rng.choice([0.5, 2.0]))
+        n = rng.choice([1, 3, 12, 40, 256])
+        ids = [f"r{i}" for i in range(n)]
+        for r in rng.sample(ids, rng.randint(0, n)):  # some requests have evidence
+            for _ in range(rng.randint(1, 4)):
+                k = rng.randint(1, 8)
+                b.observe(r, k, rng.choice([k, rng.randint(0, k)]))
+        available = [rng.choice([0, 1, 8, 8, 8]) for _ in ids]
+        batch = n + rng.choice([0, 0, 5])
+        fast = b.allocate_ids(ids, available, batch_size=batch)
+        assert fast == b.allocate_reference(ids, available, batch_size=batch), trial
+
+
+def test_fast_allocation_without_batch_awareness_returns_the_caps():
+    b = budget(start_len=2, batch_aware=False)
+    b.observe("a", 2, 2)  # cap 4
+    assert b.allocate_ids(["a", "b", "c"], [8, 8, 1]) == [4, 2, 1]
+    assert b.allocate_ids([], []) == []

@@ -3,6 +3,7 @@ arctic-inference's C++ suffix tree, milliseconds."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from pipeline.history.store import RolloutRecord, prompt_hash
@@ -322,3 +323,65 @@ def test_history_from_read_only_arrays():
     d.set_history(prompt_hash([1, 2, 3]), [HistoryResponse(ids)])
     d.start("r", [1, 2, 3], [5, 6, 7])
     assert d.draft("r", 4).token_ids == [8, 9, 10, 11]
+
+
+# ---------------------------------------------------------------- live-token window
+
+@pytest.mark.parametrize("method", ["history", "group", "history+group"])
+def test_long_requests_draft_the_same_after_the_window_is_cut(method, monkeypatch):
+    """Each request keeps only the tokens some tree has yet to receive (plus the context);
+    cutting that window must not change a draft."""
+    import random
+
+    import pipeline.spec.live as live
+
+    def run() -> tuple[list[list[int]], int]:
+        rng = random.Random(7)
+        d = GroupDrafter(DrafterConfig.for_method(method, max_depth=8, max_spec_factor=4.0))
+        motif = [rng.randrange(1, 9) for _ in range(40)]
+        d.set_history(prompt_hash(P), hist(motif * 3))
+        for r in ("a", "b"):
+            d.start(r, P, [motif[0]])
+        out = []
+        for t in range(300):
+            for r in ("a", "b"):
+                tok = motif[(t + 1) % 40] if rng.random() > 0.1 else rng.randrange(1, 9)
+                d.append_many([r], [[tok]] if t % 2 else [np.asarray([tok])])
+                if t % 7 == 0 or t > 280:
+                    out.append(d.draft(r, 6).token_ids)
+        return out, d._live.running["a"].base
+
+    cut, base = run()
+    assert base > 0 and any(cut)  # the window was cut, and there were drafts
+    monkeypatch.setattr(live, "TRIM_SLACK", 10**9)  # never cut
+    assert run() == (cut, 0)
+
+
+def test_append_many_is_append_per_request():
+    d1, d2 = drafter(), drafter()
+    for d in (d1, d2):
+        d.start("a", P, [1])
+        d.start("b", P, [1])
+    d1.append_many(["a", "b"], [[2, 3], np.asarray([2], dtype=np.int64)])
+    d2.append("a", [2, 3])
+    d2.append("b", (2,))
+    d1.append_many(["b"], [[]])  # nothing emitted: nothing changes
+    assert d1.draft("b", 4) == d2.draft("b", 4)
+    assert d1.draft("b", 4).token_ids == [3]
+
+
+def test_live_set_groups_and_global_queue():
+    from pipeline.spec.live import LiveSet
+
+    live = LiveSet(max_depth=4, siblings=True, to_global=True)
+    live.expect("p", 2)
+    a, _ = live.start("a", "p", [1, 2, 3, 4, 5, 6], [7])
+    assert (a.local_pos, a.global_pos, a.end, a.context()) == (2, 6, 7, [3, 4, 5, 6, 7])
+    b, _ = live.start("b", "p", [1, 2, 3, 4, 5, 6], [])
+    live.append_many(["b", "a"], [[8], [9]])
+    assert live.take_unsent() == [a, b] and live.take_unsent() == []  # first waiting first
+    assert live.finish("a") == []  # b still runs
+    b2, replaced = live.start("a", "p", [1, 2, 3, 4, 5, 6], [7, 9])  # resumed
+    assert replaced == [a] and live.members("p") == [b, b2]
+    assert live.finish("b") == [] and live.finish("a") == [b, b2]  # the group ends
+    assert live.members("p") == [] and live.running == {}

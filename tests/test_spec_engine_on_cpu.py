@@ -35,6 +35,7 @@ def run_greedy_identity(model_dir) -> dict:
 
     from pipeline.history.store import prompt_hash
     from pipeline.rollout import cpu_sampler_fix
+    from pipeline.rollout.meter import PassMeter
     from pipeline.rollout.proposer import attach, speculative_config
     from pipeline.spec.budget import BudgetConfig, DraftBudget
     from pipeline.spec.drafter import DrafterConfig, GroupDrafter, HistoryResponse
@@ -49,11 +50,14 @@ def run_greedy_identity(model_dir) -> dict:
     runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
     drafter = GroupDrafter(DrafterConfig.for_method("history+group"))
     proposer = attach(runner, drafter, DraftBudget(BudgetConfig(max_len=8)))
+    meter = PassMeter(runner)
     rounds = []
     for _ in range(2):  # cold (siblings and self only), then with the first round as history
+        meter.start()
         out = _greedy(llm, prompts)
+        counts = meter.stop()
         proposer.end_step()
-        rounds.append((out, proposer.reset_stats()))
+        rounds.append((out, proposer.reset_stats(), counts))
         for i, p in enumerate(prompts):
             drafter.set_history(prompt_hash(p), [HistoryResponse(t)
                                                  for t in out[i * GROUP:(i + 1) * GROUP]])
@@ -64,10 +68,20 @@ def run_greedy_identity(model_dir) -> dict:
 def test_greedy_output_is_identical_with_history_and_sibling_drafts(tiny_model):
     result = run_greedy_identity(tiny_model)
     plain = result["plain"]
-    (cold, cold_stats), (warm, warm_stats) = result["rounds"]
+    (cold, cold_stats, _), (warm, warm_stats, warm_counts) = result["rounds"]
     assert cold == plain
     assert warm == plain
     # measured: cold 64 passes, tau 1.005 (greedy duplicates run in lockstep, so siblings
     # have nothing to offer); warm 20 passes, tau 2.1, 236 of 260 draft tokens accepted
     assert warm_stats.accepted > 0 and warm_stats.tau > max(1.5, cold_stats.tau)
     assert warm_stats.passes < cold_stats.passes
+    # the engine-side meter (used by `bench spec` for every method) agrees with the proposer
+    # on the decode passes per sequence; it counts only tokens that reach the output (the
+    # proposer also sees tokens sampled past a stop in a request's last pass) and only
+    # draft tokens that were scheduled (drafts proposed in a last pass never are)
+    generated, requests = sum(len(t) for t in warm), len(warm)
+    decode = warm_counts.seq_passes - warm_counts.prefill_seq_passes
+    assert decode == warm_stats.seq_passes and warm_counts.passes == warm_stats.passes
+    assert generated - requests <= warm_stats.emitted
+    assert 0 < warm_counts.draft_tokens <= warm_stats.drafted
+    assert warm_counts.tau(generated, requests) > 1.5

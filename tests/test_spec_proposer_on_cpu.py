@@ -3,6 +3,9 @@ input batch (no engine; milliseconds). The real engine is exercised by the engin
 
 from __future__ import annotations
 
+import json
+import random
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -20,21 +23,23 @@ RESPONSE = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
 class FakeBatch:
     """What RhymeProposer reads of vLLM's InputBatch: rows of prompt + output tokens."""
 
-    def __init__(self, max_len: int = 64):
+    def __init__(self, max_len: int = 64, rows: int = 8):
         self.max_len = max_len
         self.req_ids: list[str] = []
         self.req_id_to_index: dict[str, int] = {}
-        self.num_prompt_tokens = np.zeros(8, dtype=np.int32)
-        self.token_ids_cpu = np.zeros((8, max_len), dtype=np.int32)
-        self.num_tokens_no_spec = np.zeros(8, dtype=np.int32)
+        self.num_prompt_tokens = np.zeros(rows, dtype=np.int32)
+        self.token_ids_cpu = np.zeros((rows, max_len), dtype=np.int32)
+        self.num_tokens_no_spec = np.zeros(rows, dtype=np.int32)
 
-    def add(self, req_id: str, prompt: list[int]) -> None:
+    def add(self, req_id: str, prompt: list[int], output: list[int] = ()) -> None:
+        """A new request, or a resumed one with its output so far."""
         i = len(self.req_ids)
         self.req_ids.append(req_id)
         self.req_id_to_index[req_id] = i
         self.num_prompt_tokens[i] = len(prompt)
-        self.token_ids_cpu[i, :len(prompt)] = prompt
-        self.num_tokens_no_spec[i] = len(prompt)
+        tokens = list(prompt) + list(output)
+        self.token_ids_cpu[i, :len(tokens)] = tokens
+        self.num_tokens_no_spec[i] = len(tokens)
 
     def remove(self, req_id: str) -> None:  # vLLM condenses rows the same way
         keep = [r for r in self.req_ids if r != req_id]
@@ -70,6 +75,13 @@ def make(history=True, budget_cfg=None, max_model_len=64):
 def step(proposer, batch, emitted: dict[str, list[int]]):
     sampled = [np.asarray(batch.emit(r, emitted[r]) if r in emitted else [], dtype=np.int64)
                for r in batch.req_ids]
+    return proposer.propose(sampled, batch.num_tokens_no_spec, batch.token_ids_cpu,
+                            slot_mappings=None)
+
+
+def step_rows(proposer, batch, emitted: dict[str, list[int]]):
+    """As `step`, with rows as vLLM hands them over: lists of Python ints."""
+    sampled = [list(batch.emit(r, emitted[r])) if r in emitted else [] for r in batch.req_ids]
     return proposer.propose(sampled, batch.num_tokens_no_spec, batch.token_ids_cpu,
                             slot_mappings=None)
 
@@ -141,3 +153,123 @@ def test_batch_aware_budget_trims_drafts_in_a_full_batch():
     assert step(proposer, batch, {"r": [1]}) == [[]]
     proposer.budget = DraftBudget(BudgetConfig(start_len=8, max_len=8, prior_accept=0.6))
     assert len(step(proposer, batch, {"r": [2]})[0]) >= 4  # default cost: the tail pays
+
+
+# ---------------------------------------------------------------- recorded drafts
+
+FIXTURE = Path(__file__).parent / "data" / "proposer_drafts.json"
+COSTS = {"tail": CostModel(0.006, 0.00014), "tight": CostModel(0.001, 0.0002)}
+
+
+def _mutate(rng: random.Random, seq: list[int], rate: float) -> list[int]:
+    out = []
+    for t in seq:
+        u = rng.random()
+        if u < rate:
+            out.append(rng.randrange(1, 12))
+        elif u < 1.5 * rate:
+            continue
+        elif u < 2 * rate:
+            out += [t, rng.randrange(1, 12)]
+        else:
+            out.append(t)
+    return out or [1]
+
+
+def simulate(method: str, cost: str, seed: int = 0) -> dict:
+    """A seeded rollout through the proposer, as vLLM drives it: requests wait for one of
+    8 rows, enter with a prefill pass that samples nothing, one is preempted and resumed,
+    rows emit one token plus the drafted tokens that match a planned response, finished
+    requests leave the batch; two steps, the second with the first's responses as history.
+    Returns every pass's drafts (one string per pass) and the final counters."""
+    rng = random.Random(seed)
+    max_len, rows_cap, n = 64, 8, 4
+    cfg = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=8),
+                          model_config=SimpleNamespace(max_model_len=max_len))
+    proposer = RhymeProposer(cfg)
+    batch = FakeBatch(max_len, rows=rows_cap)
+    drafter = GroupDrafter(DrafterConfig.for_method(method, max_spec_factor=2.0))
+    budget = DraftBudget(BudgetConfig(max_len=8, start_len=2, cost=COSTS[cost]))
+    attach(SimpleNamespace(input_batch=batch, drafter=proposer), drafter, budget)
+    prompts = [[rng.randrange(1, 12) for _ in range(5)] + [12 + g] for g in range(3)]
+    bases = [[rng.randrange(1, 6) for _ in range(rng.randint(10, 60))] for _ in prompts]
+    history = [[_mutate(rng, b, 0.05) for _ in range(4)] for b in bases]
+    passes = []
+    for step in range(2):
+        plan, queue = {}, []
+        for g, prompt in enumerate(prompts):
+            drafter.set_history(prompt_hash(prompt), [HistoryResponse(h) for h in history[g]])
+            drafter.expect_group(prompt, n)
+            group = _mutate(rng, bases[g], 0.03)
+            for j in range(n):
+                req = f"{step}-{g}-{j}"
+                plan[req] = (prompt, _mutate(rng, group, 0.03)[: max_len - len(prompt)])
+                queue.append(req)
+        done = {r: 0 for r in plan}
+        drafts: dict[str, list[int]] = {}
+        prefilling: set[str] = set()
+        parked: list[tuple[int, str]] = []
+        t = 0
+        while queue or batch.req_ids or parked:
+            for when, req in list(parked):  # resume preempted requests
+                if when <= t and len(batch.req_ids) < rows_cap:
+                    parked.remove((when, req))
+                    prompt, want = plan[req]
+                    batch.add(req, prompt, want[: done[req]])
+            while queue and len(batch.req_ids) < rows_cap:
+                req = queue.pop(0)
+                batch.add(req, plan[req][0])
+                prefilling.add(req)
+            emitted = {}
+            for req in batch.req_ids:
+                if req in prefilling:  # this pass prefills it and samples nothing
+                    prefilling.discard(req)
+                    continue
+                want, d = plan[req][1], drafts.pop(req, [])
+                acc = 0
+                while acc < len(d) and done[req] + acc < len(want) \
+                        and d[acc] == want[done[req] + acc]:
+                    acc += 1
+                emitted[req] = want[done[req]: done[req] + acc + 1]
+                done[req] += len(emitted[req])
+            out = step_rows(proposer, batch, emitted)
+            passes.append("|".join(",".join(map(str, d)) for d in out))
+            drafts.update((r, d) for r, d in zip(batch.req_ids, out))
+            for req in list(batch.req_ids):
+                if done[req] >= len(plan[req][1]):
+                    batch.remove(req)
+            if t == 6 and batch.req_ids:  # preempt one request for two passes
+                req = batch.req_ids[-1]
+                batch.remove(req)
+                drafts.pop(req, None)
+                parked.append((t + 2, req))
+            t += 1
+        proposer.end_step()
+        for g in range(len(prompts)):
+            history[g] = (history[g] + [plan[f"{step}-{g}-{j}"][1] for j in range(n)])[-4:]
+    s, ds = proposer.stats, drafter.stats()
+    return {"passes": passes,
+            "counters": [s.passes, s.seq_passes, s.emitted, s.drafted, s.accepted,
+                         ds.drafts, ds.drafted_tokens, ds.wins, ds.tree_bytes,
+                         round(budget.overall_acceptance(), 12)]}
+
+
+CASES = [(m, c) for m in ("history+group", "group", "history") for c in COSTS]
+
+
+@pytest.mark.parametrize("method,cost", CASES)
+def test_drafts_match_the_recorded_run(method, cost):
+    """Speed work must not change a single draft: compare with the recorded output of the
+    implementation before it (regenerate with `python tests/test_spec_proposer_on_cpu.py`
+    only for an intended change of behaviour)."""
+    want = json.loads(FIXTURE.read_text())[f"{method}/{cost}"]
+    got = simulate(method, cost)
+    assert len(got["passes"]) == len(want["passes"])
+    for t, (g, w) in enumerate(zip(got["passes"], want["passes"])):
+        assert g == w, f"pass {t}"
+    assert got["counters"] == want["counters"]
+
+
+if __name__ == "__main__":
+    FIXTURE.parent.mkdir(exist_ok=True)
+    FIXTURE.write_text(json.dumps({f"{m}/{c}": simulate(m, c) for m, c in CASES}) + "\n")

@@ -8,6 +8,7 @@ from pipeline.loop import dist, rollouts
 from pipeline.loop.batches import shard
 from pipeline.loop.metrics import summarize_lengths
 from pipeline.loop.timer import PhaseTimer
+from pipeline.sched.simulator import tail_s
 from pipeline.rollout.engine import SamplingSpec
 
 
@@ -36,12 +37,13 @@ def rl_step(ctx, step: int) -> StepResult:
     with phases("sync"):
         ctx.engine.update_weights(ctx.actor.named_weights(), version + 1)
         ctx.policy_version = version + 1
-    spec_metrics = ctx.engine.drafting.stats() if ctx.engine.drafting else {}
+    spec_metrics = ctx.engine.spec_metrics()
     with phases("gather"):
         records = rollouts.to_records(group, epoch, step, version)
+        finish = [r.completion.finish_s for r in group]
         everything = dist.all_gather((records, {**train_metrics, **spec_metrics},
-                                      phases.seconds.get("rollout", 0.0)))
-    records = [r for rank_records, _, _ in everything for r in rank_records]
+                                      phases.seconds.get("rollout", 0.0), finish))
+    records = [r for rank_records, *_ in everything for r in rank_records]
     if ctx.engine.drafting:
         with phases("index"):
             ctx.engine.drafting.remember(records)  # every rank may draft for any prompt
@@ -59,8 +61,9 @@ def step_metrics(step, epoch, version, records, everything, phases: PhaseTimer) 
     rewards = [r.reward for r in records]
     lengths = [r.length for r in records]
     lens = summarize_lengths(lengths)
-    train = [m for _, m, _ in everything]
-    rollout_s = max(s for _, _, s in everything)  # the step waits for the slowest rank
+    train = [m for _, m, _, _ in everything]
+    per_rank = [s for _, _, s, _ in everything]
+    rollout_s = max(per_rank)  # the step waits for the slowest rank
     out = {
         "step": step + 1, "epoch": epoch, "policy_version": version,
         "reward_mean": sum(rewards) / len(rewards),
@@ -75,4 +78,9 @@ def step_metrics(step, epoch, version, records, everything, phases: PhaseTimer) 
         out[name] = sum(m[key] for m in train) / len(train)
     out.update(phases.as_metrics())
     out["time_rollout_s"] = round(rollout_s, 4)
+    # how the rollout work spread over the ranks (the rollout workers): idle rank-seconds
+    # over rank-seconds, and the time spent finishing the last 10 % of the responses
+    out["rollout_bubble_ratio"] = round(1 - sum(per_rank) / (len(per_rank) * rollout_s), 4) \
+        if rollout_s > 0 else 0.0
+    out["rollout_tail_s"] = round(tail_s([f for *_, fs in everything for f in fs]), 4)
     return out

@@ -9,6 +9,7 @@ lets every rank run its own engine (data-parallel rollout).
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -28,6 +29,7 @@ class Completion:
     logprobs: list[float]
     finish_reason: str
     gen_seconds: float
+    finish_s: float = 0.0  # seconds from the start of its `generate` call to its last token
 
 
 @dataclass(frozen=True)
@@ -77,8 +79,10 @@ class RolloutEngine:
         self.drafting = None
         if spec is not None and spec.method in ("history", "group", "history+group"):
             self.drafting = speculation.Drafting(self.model_runner(), spec)
+        self.speculating = spec is not None and spec.method != "none"
         self.meter = PassMeter(self.model_runner())
         self.last_passes = PassCounts()  # target forward passes of the last `generate`
+        self.last_output = (0, 0)  # (generated tokens, requests) of the last `generate`
 
     # -- generation ---------------------------------------------------------------------
     def generate(self, prompts: Sequence[list[int]], spec: SamplingSpec) -> list[list[Completion]]:
@@ -102,6 +106,7 @@ class RolloutEngine:
         if self.drafting:
             self.drafting.before(prompts, spec.n)
         self.meter.start()
+        started = time.monotonic()  # vLLM's engine-core timestamps are monotonic
         try:
             outputs = self.llm.generate(requests, params, use_tqdm=False)
         finally:
@@ -110,8 +115,22 @@ class RolloutEngine:
             self.drafting.after(self.last_passes)
         groups: list[list[Completion]] = [[] for _ in prompts]
         for i, out in enumerate(outputs):
-            groups[i // spec.n].append(_completion(out))
+            groups[i // spec.n].append(_completion(out, started))
+        self.last_output = (sum(len(c.token_ids) for g in groups for c in g), len(outputs))
         return groups
+
+    def spec_metrics(self) -> dict[str, float]:
+        """Speculation in the last `generate`, the same accounting for every method (see
+        `pipeline.rollout.meter`); {} without speculation."""
+        if not self.speculating:
+            return {}
+        c, (generated, requests) = self.last_passes, self.last_output
+        out = {"spec_tau": c.tau(generated, requests),
+               "spec_accept_rate": c.accept_rate(generated, requests),
+               "spec_drafter_s": c.draft_seconds, "spec_passes": c.passes}
+        if self.drafting:
+            out.update(self.drafting.stats())
+        return out
 
     # -- weights ------------------------------------------------------------------------
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
@@ -172,12 +191,16 @@ class RolloutEngine:
             self.llm.wake_up()
 
 
-def _completion(out) -> Completion:
+def _completion(out, started: float) -> Completion:
     c = out.outputs[0]
     logprobs = [lp[t].logprob for lp, t in zip(c.logprobs or [], c.token_ids)]
     stats = out.metrics
-    gen = 0.0
-    if stats is not None and getattr(stats, "last_token_ts", 0) and getattr(stats, "scheduled_ts", 0):
-        gen = max(0.0, stats.last_token_ts - stats.scheduled_ts)
+    gen = finish = 0.0
+    last = getattr(stats, "last_token_ts", 0) if stats is not None else 0
+    if last and getattr(stats, "scheduled_ts", 0):
+        gen = max(0.0, last - stats.scheduled_ts)
+    if last:
+        finish = max(0.0, last - started)
     return Completion(request_id=out.request_id, token_ids=list(c.token_ids), logprobs=logprobs,
-                      finish_reason=str(c.finish_reason or "length"), gen_seconds=gen)
+                      finish_reason=str(c.finish_reason or "length"), gen_seconds=gen,
+                      finish_s=finish)

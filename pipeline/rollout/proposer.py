@@ -30,7 +30,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Sequence
 
-from pipeline.spec.budget import Candidate, DraftBudget
+import numpy as np
+
+from pipeline.spec.budget import DraftBudget
 from pipeline.spec.drafter import GroupDrafter
 
 CLASS_PATH = "pipeline.rollout.proposer.RhymeProposer"
@@ -74,7 +76,12 @@ class ProposerStats:
 
 
 class RhymeProposer:
-    """vLLM custom proposer drafting from `GroupDrafter`, sized by `DraftBudget`."""
+    """vLLM custom proposer drafting from `GroupDrafter`, sized by `DraftBudget`.
+
+    `propose` runs after every target pass with a row per running request, so its
+    per-row work is kept to C-level bulk operations wherever no request starts, stops
+    or drafts; requests are stopped in the order they started.
+    """
 
     def __init__(self, vllm_config: Any):
         self.max_spec_tokens = int(vllm_config.speculative_config.num_speculative_tokens)
@@ -82,7 +89,7 @@ class RhymeProposer:
         self._runner: Any = None
         self.drafter: GroupDrafter | None = None
         self.budget: DraftBudget | None = None
-        self._active: set[Hashable] = set()
+        self._active: dict[Hashable, None] = {}  # running requests, in start order
         self._proposed: dict[Hashable, int] = {}  # req -> draft tokens handed out last pass
         self._last_call: float | None = None
         self._last_scheduled = 0
@@ -103,45 +110,48 @@ class RhymeProposer:
         if self._runner is None or not rows:
             return [[] for _ in range(rows)]
         start = time.perf_counter()
+        stats = self.stats
         if self._last_call is not None:
-            self.stats.pass_samples.append((self._last_scheduled, start - self._last_call))
-        batch = self._runner.input_batch
-        req_ids = batch.req_ids
-        drafter, budget = self.drafter, self.budget
-        cand_rows, candidates, seen = [], [], set()
-        for i, sampled in enumerate(sampled_token_ids):
-            req_id = req_ids[i]
-            seen.add(req_id)
-            n_new = len(sampled)
-            if n_new == 0:  # partial prefill
-                continue
-            num_tokens = int(num_tokens_no_spec[i])
-            if req_id not in self._active:
-                n_prompt = int(batch.num_prompt_tokens[batch.req_id_to_index[req_id]])
-                drafter.start(req_id, token_ids_cpu[i, :n_prompt].tolist(),
-                              token_ids_cpu[i, n_prompt:num_tokens].tolist())
-                self._active.add(req_id)
-            else:
-                self._observe(req_id, n_new)
-                drafter.append(req_id, sampled)
-            room = self.max_model_len - num_tokens - 1
-            cand_rows.append(i)
-            candidates.append(Candidate(req_id, max(0, min(self.max_spec_tokens, room))))
+            stats.pass_samples.append((self._last_scheduled, start - self._last_call))
+        req_ids = self._runner.input_batch.req_ids
+        if len(req_ids) != rows:
+            req_ids = req_ids[:rows]
+        drafter, budget, active = self.drafter, self.budget, self._active
+        lens = list(map(len, sampled_token_ids))
+        room = self.max_model_len - 1 - np.asarray(num_tokens_no_spec[:rows])
+        room = np.maximum(np.minimum(room, self.max_spec_tokens), 0).tolist()
+        if 0 not in lens and all(map(active.__contains__, req_ids)):
+            # A decode pass: every row is a running request that emitted tokens.
+            cand_rows, cand_ids, available = None, req_ids, room
+            self._observe(req_ids, lens)
+            drafter.append_many(req_ids, sampled_token_ids)
+        else:
+            cand_rows, cand_ids, available = self._admit(
+                req_ids, lens, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, room)
         # Budget first: in a full batch most requests get no draft tokens, and asking the
         # trees only for the tokens granted keeps the drafter's cost where it pays.
+        alloc = budget.allocate_ids(cand_ids, available, batch_size=rows)
         out: list[list[int]] = [[] for _ in range(rows)]
-        for i, k in zip(cand_rows, budget.allocate(candidates, batch_size=rows)):
-            if k:
-                out[i] = list(drafter.draft(req_ids[i], k).token_ids)
-                if out[i]:
-                    self._proposed[req_ids[i]] = len(out[i])
-        for req_id in self._active - seen:
-            self._stop(req_id)
-        self.stats.passes += 1
-        self.stats.drafted += sum(len(o) for o in out)
-        self._last_scheduled = rows + sum(len(o) for o in out)
+        drafted = 0
+        if any(alloc):
+            proposed = self._proposed
+            for j, k in enumerate(alloc):
+                if k:
+                    i = j if cand_rows is None else cand_rows[j]
+                    tokens = drafter.draft(req_ids[i], k).token_ids
+                    if tokens:
+                        out[i] = list(tokens)
+                        proposed[req_ids[i]] = len(tokens)
+                        drafted += len(tokens)
+        if len(active) > rows or cand_rows is not None:
+            seen = set(req_ids)
+            for req_id in [r for r in active if r not in seen]:
+                self._stop(req_id)
+        stats.passes += 1
+        stats.drafted += drafted
+        self._last_scheduled = rows + drafted
         self._last_call = time.perf_counter()
-        self.stats.propose_seconds += self._last_call - start
+        stats.propose_seconds += self._last_call - start
         return out
 
     # -- lifecycle --------------------------------------------------------------------
@@ -158,17 +168,52 @@ class RhymeProposer:
         stats, self.stats = self.stats, ProposerStats()
         return stats
 
-    def _observe(self, req_id: Hashable, n_new: int) -> None:
-        self.stats.seq_passes += 1
-        self.stats.emitted += n_new
-        k = self._proposed.pop(req_id, 0)
-        if k:
-            accepted = min(n_new - 1, k)
-            self.stats.accepted += accepted
+    def _admit(self, req_ids, lens, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
+               room) -> tuple[list[int], list[Hashable], list[int]]:
+        """A pass with starting or prefilling rows, row by row: start new requests, feed
+        running ones. Returns the rows that may draft, their requests and room."""
+        batch = self._runner.input_batch
+        drafter, active = self.drafter, self._active
+        cand_rows, cand_ids, available = [], [], []
+        for i, req_id in enumerate(req_ids):
+            if not lens[i]:  # partial prefill
+                continue
+            if req_id not in active:
+                num_tokens = int(num_tokens_no_spec[i])
+                n_prompt = int(batch.num_prompt_tokens[batch.req_id_to_index[req_id]])
+                drafter.start(req_id, token_ids_cpu[i, :n_prompt].tolist(),
+                              token_ids_cpu[i, n_prompt:num_tokens].tolist())
+                active[req_id] = None
+            else:
+                self._observe((req_id,), (lens[i],))
+                drafter.append(req_id, sampled_token_ids[i])
+            cand_rows.append(i)
+            cand_ids.append(req_id)
+            available.append(room[i])
+        return cand_rows, cand_ids, available
+
+    def _observe(self, req_ids: Sequence[Hashable], lens: Sequence[int]) -> None:
+        """Rows of running requests that emitted `lens` tokens: count them, and tell the
+        budget how much of each request's last draft was accepted (in row order)."""
+        stats = self.stats
+        stats.seq_passes += len(lens)
+        stats.emitted += sum(lens)
+        proposed = self._proposed
+        if not proposed:
+            return
+        if len(req_ids) == 1:
+            hits = [(0, req_ids[0])] if req_ids[0] in proposed else []
+        else:
+            row = dict(zip(req_ids, range(len(req_ids))))
+            hits = sorted((row[r], r) for r in proposed if r in row)
+        for i, req_id in hits:
+            k = proposed.pop(req_id)
+            accepted = min(lens[i] - 1, k)
+            stats.accepted += accepted
             self.budget.observe(req_id, k, accepted)
 
     def _stop(self, req_id: Hashable) -> None:
-        self._active.discard(req_id)
+        self._active.pop(req_id, None)
         self._proposed.pop(req_id, None)
         self.drafter.finish(req_id)
         self.budget.forget(req_id)

@@ -161,19 +161,96 @@ class DraftBudget:
         batch_size: sequences in the pass (defaults to len(candidates)); each emits at
         least one token. extra_tokens: other scheduled tokens (prefill chunks).
         """
+        short = self.config.short_request_tokens
+        available = [0 if short and cand.predicted_len is not None
+                     and cand.predicted_len < short else cand.available
+                     for cand in candidates]
+        return self.allocate_ids([cand.req_id for cand in candidates], available,
+                                 batch_size, extra_tokens)
+
+    def allocate_ids(self, req_ids: Sequence[Hashable], available: Sequence[int],
+                     batch_size: int | None = None, extra_tokens: int = 0) -> list[int]:
+        """`allocate` for candidates given as parallel lists (no predicted lengths).
+
+        The marginal-benefit test of a request's first token is the easiest it ever
+        faces: E / T only grows as tokens are granted. So only requests whose first token
+        passes it at the start enter the heap, and a pass whose best request cannot
+        start (a full batch, typically) is settled without touching the others. The
+        result is exactly `allocate_reference`'s.
+        """
         c = self.config
-        limits = []
-        for cand in candidates:
-            k = min(cand.available, self.cap(cand.req_id))
-            if c.short_request_tokens and cand.predicted_len is not None \
-                    and cand.predicted_len < c.short_request_tokens:
-                k = 0
-            limits.append(max(0, k))
+        states = list(map(self._state.get, req_ids))
+        start_len = c.start_len
+        if not c.batch_aware:
+            return [max(0, min(a, start_len if s is None else s.cap))
+                    for a, s in zip(available, states)]
+        m = len(states)
+        alloc = [0] * m
+        if not m:
+            return alloc
+        n = m if batch_size is None else batch_size
+        per_token = c.cost.per_token_s
+        expected = float(n)
+        seconds = c.cost.pass_seconds(n + extra_tokens)
+        bar = per_token * expected  # a first token pays iff alpha * seconds > bar
+        w = c.prior_weight
+        ow = self.overall_acceptance() * w
+        fresh = (0.0 + ow) / (0.0 + w)  # acceptance of a request with no evidence yet
+        fresh_pays = fresh > 0 and not fresh * seconds <= bar
+        # Requests without state can all start or none can: visit them only if they can.
+        rows = range(m) if fresh_pays else [i for i, s in enumerate(states) if s is not None]
+        heap, limits, alphas = [], {}, {}
+        blocked = None  # the non-starter the heap would hold on top of them: (-alpha, i)
+        if not fresh_pays and fresh > 0:
+            for i, s in enumerate(states):
+                if s is None and available[i] > 0:
+                    blocked = (-fresh, i)
+                    break
+        for i in rows:
+            s = states[i]
+            if s is None:
+                a, k = fresh, min(available[i], start_len)
+            else:
+                a, k = (s.accepted + ow) / (s.tried + w), min(available[i], s.cap)
+            if k <= 0 or a <= 0:
+                continue
+            if a * seconds <= bar:
+                if blocked is None or (-a, i) < blocked:
+                    blocked = (-a, i)
+                continue
+            heap.append((-a, i))
+            limits[i], alphas[i] = k, a
+        if not heap:
+            return alloc
+        if blocked is not None:
+            heap.append(blocked)
+        heapq.heapify(heap)
+        while heap:
+            neg_gain, i = heap[0]
+            gain = -neg_gain
+            if gain * seconds <= per_token * expected:
+                break
+            if blocked is not None and i == blocked[1]:
+                # Only rounding lets a non-starter pass later: do it the long way.
+                return self.allocate_reference(req_ids, available, batch_size, extra_tokens)
+            heapq.heappop(heap)
+            alloc[i] += 1
+            expected += gain
+            seconds += per_token
+            if alloc[i] < limits[i]:
+                heapq.heappush(heap, (-(gain * alphas[i]), i))
+        return alloc
+
+    def allocate_reference(self, req_ids: Sequence[Hashable], available: Sequence[int],
+                           batch_size: int | None = None, extra_tokens: int = 0) -> list[int]:
+        """`allocate_ids` written out directly: every request in one heap."""
+        c = self.config
+        limits = [max(0, min(a, self.cap(r))) for r, a in zip(req_ids, available)]
         if not c.batch_aware:
             return limits
-        n = len(candidates) if batch_size is None else batch_size
-        alloc = [0] * len(candidates)
-        alphas = [self.acceptance(cand.req_id) for cand in candidates]
+        n = len(limits) if batch_size is None else batch_size
+        alloc = [0] * len(limits)
+        alphas = [self.acceptance(r) for r in req_ids]
         # Max-heap over the next token's acceptance probability alpha ** (k + 1).
         heap = [(-a, i) for i, (a, k) in enumerate(zip(alphas, limits)) if k > 0 and a > 0]
         heapq.heapify(heap)

@@ -19,9 +19,11 @@ cut where the path probability falls below `min_path_prob`, and keeps the best-s
 global trees; ties go to the prompt's own tree.
 
 Costs. Appending a token to a C++ tree costs microseconds, a whole history hundreds of
-them, and in a full batch the budget grants few drafts. So live tokens wait in Python lists
-and enter a tree only when a request that reads it drafts; a prompt's tree is built when
-one of its requests first drafts; `set_history` changes only the responses that changed.
+them, and in a full batch the budget grants few drafts. So live tokens wait in Python
+lists (`pipeline.spec.live` keeps the running requests and their groups) and enter a tree
+only when a request that reads it drafts; a prompt's tree is built when one of its
+requests first drafts; `set_history` changes only the responses that changed; a tree is
+not asked when the draft in hand cannot be beaten (max_tokens tokens, all at probability 1).
 
 Live responses stay in their prompt's tree until the whole group has finished (a finished
 sibling still predicts the stragglers), then they are dropped: after the step the loop
@@ -39,6 +41,7 @@ from typing import Hashable, Iterable, Sequence
 import numpy as np
 
 from pipeline.history.store import prompt_hash
+from pipeline.spec.live import LiveRequest, LiveSet
 from pipeline.spec.suffix_tree import EMPTY_DRAFT, Draft, SuffixTree
 
 PROMPT_SEQ = 0  # sequence id of the full prompt in its prompt tree
@@ -99,29 +102,12 @@ class _History:
 
 
 @dataclass(eq=False)
-class _Request:
-    req_id: Hashable
-    key: str
-    context: list[int]  # last max_depth + 1 tokens of prompt + output
-    running: bool = True
-    local_seq: int | None = None  # in the prompt tree (siblings on), once flushed
-    local_backlog: list[int] = field(default_factory=list)
-    global_seq: int | None = None  # in the global tree (siblings on), once flushed
-    global_backlog: list[int] = field(default_factory=list)
-    own: SuffixTree | None = None  # prompt + own output (siblings off)
-    own_backlog: list[int] = field(default_factory=list)
-    pending: list[int] = field(default_factory=list)  # newest tokens, held out of `own`
-
-
-@dataclass(eq=False)
 class _Prompt:
     key: str
     prompt_ids: list[int] | None = None  # known once a request of the prompt starts
     history: list[_History] = field(default_factory=list)
     tree: SuffixTree | None = None
     next_seq: int = PROMPT_SEQ + 1
-    members: list[_Request] = field(default_factory=list)  # this group: running + finished
-    expected: int | None = None  # group size, when the caller announced it
 
 
 @dataclass
@@ -144,10 +130,9 @@ class GroupDrafter:
         self.config = config
         self._prompts: dict[str, _Prompt] = {}
         self._trees: OrderedDict[str, None] = OrderedDict()  # prompts with a tree, LRU first
-        self._requests: dict[Hashable, _Request] = {}  # running
+        self._live = LiveSet(config.max_depth, config.use_siblings, config.use_global)
         self._global = SuffixTree(config.max_depth)
         self._global_fifo: OrderedDict[int, tuple[str, _History]] = OrderedDict()
-        self._global_dirty: set[_Request] = set()  # live tokens not yet in the global tree
         self._next_global = 0
         self._drafts = 0
         self._drafted_tokens = 0
@@ -189,7 +174,9 @@ class GroupDrafter:
         Without it a group ends when none of its requests is running, which can be too
         early if some siblings are still waiting for a slot.
         """
-        self._prompt(prompt_hash(prompt_ids)).expected = n
+        key = prompt_hash(prompt_ids)
+        self._prompt(key)
+        self._live.expect(key, n)
 
     def start(self, req_id: Hashable, prompt_ids: Sequence[int],
               output_ids: Sequence[int] = ()) -> str:
@@ -197,107 +184,91 @@ class GroupDrafter:
 
         Returns the prompt key.
         """
-        if req_id in self._requests:
+        if req_id in self._live.running:
             raise ValueError(f"request {req_id!r} is already running")
-        cfg = self.config
         key = prompt_hash(prompt_ids)
         p = self._prompt(key)
         if p.prompt_ids is None:
             p.prompt_ids = [int(t) for t in prompt_ids]
-        for old in [m for m in p.members if m.req_id == req_id]:  # resumed after preemption
-            self._drop_member(p, old)
-        output = [int(t) for t in output_ids]
-        req = _Request(req_id, key, (p.prompt_ids + output)[-(cfg.max_depth + 1):])
-        if cfg.use_siblings:
-            req.local_backlog = p.prompt_ids[-cfg.max_depth:] + output
-            if cfg.use_global and output:
-                req.global_backlog = list(output)
-                self._global_dirty.add(req)
-        else:
-            req.own_backlog, req.pending = p.prompt_ids + output[:-1], output[-1:]
-        p.members.append(req)
-        self._requests[req_id] = req
+        _, replaced = self._live.start(req_id, key, p.prompt_ids,
+                                       [int(t) for t in output_ids])
+        for old in replaced:  # resumed after preemption
+            self._drop_sequences(p, old)
         if p.tree is not None:
             self._trees.move_to_end(key)
         return key
 
     def append(self, req_id: Hashable, token_ids: Sequence[int]) -> None:
         """Tokens the request just generated."""
-        if not len(token_ids):
-            return
-        req = self._requests[req_id]
-        toks = [int(t) for t in token_ids]
-        if self.config.use_siblings:
-            req.local_backlog += toks
-            if self.config.use_global:
-                req.global_backlog += toks
-                self._global_dirty.add(req)
-        else:
-            # The context always ends where the request's own sequence ends, and a
-            # sequence ending exactly at the matched suffix adds a count with no
-            # continuation, diluting every draft (vLLM's local tree has this effect). No
-            # one else reads the own tree, so its newest tokens wait one pass. The shared
-            # trees get them at once: a sibling one pass ahead must be visible.
-            req.own_backlog += req.pending
-            req.pending = toks
-        ctx = req.context
-        ctx += toks
-        if len(ctx) > self.config.max_depth + 1:
-            del ctx[: len(ctx) - self.config.max_depth - 1]
+        self._live.append_many((req_id,), (token_ids,))
+
+    def append_many(self, req_ids: Sequence[Hashable],
+                    token_ids: Sequence[Sequence[int]]) -> None:
+        """`append` for each (request, tokens) pair, in order: one pass's output.
+
+        Lists are taken as they are (vLLM's hold Python ints); other sequences are
+        converted. The shared trees will get the tokens at once (a sibling one pass ahead
+        must be visible), the request's own tree a pass late: the context always ends
+        where the request's own sequence ends, and a sequence ending exactly at the
+        matched suffix adds a count with no continuation, diluting every draft (vLLM's
+        local tree has this effect).
+        """
+        self._live.append_many(req_ids, token_ids)
 
     def finish(self, req_id: Hashable) -> None:
         """The request stopped (finished, aborted or preempted)."""
-        req = self._requests.pop(req_id, None)
-        if req is None:
-            return
-        req.running = False
-        p = self._prompts[req.key]
-        finished = sum(1 for m in p.members if not m.running)
-        if finished == len(p.members) and (p.expected is None or finished >= p.expected):
-            self._end_group(p)
+        req = self._live.running.get(req_id)
+        if req is not None:
+            self._end_group(req.key, self._live.finish(req_id))
 
     def end_step(self) -> None:
         """Drop every live response (the step is over; history comes back via set_history)."""
-        for req_id in list(self._requests):
+        for req_id in list(self._live.running):
             self.finish(req_id)
-        for p in self._prompts.values():
-            if p.members:
-                self._end_group(p)
+        for key in self._prompts:
+            if self._live.members(key):
+                self._end_group(key, self._live.end_group(key))
         self._evict()
 
     def running(self) -> list[Hashable]:
-        return list(self._requests)
+        return list(self._live.running)
 
     # -- drafting ---------------------------------------------------------------------
     def draft(self, req_id: Hashable, max_tokens: int) -> Draft:
         """Best draft of at most `max_tokens` tokens for a running request."""
-        req = self._requests.get(req_id)
+        req = self._live.running.get(req_id)
         if req is None or max_tokens <= 0:
             return EMPTY_DRAFT
         cfg = self.config
         p = self._prompts[req.key]
         tree = self._prompt_tree(p)
-        for m in p.members:
-            if m.local_backlog:
+        for m in self._live.members(p.key):
+            pos = m.local_pos
+            if pos is not None and pos < m.base + len(m.tokens):
                 if m.local_seq is None:
                     m.local_seq, p.next_seq = p.next_seq, p.next_seq + 1
-                tree.extend(m.local_seq, m.local_backlog)
-                m.local_backlog = []
-        args = (req.context, max_tokens, cfg.min_path_prob, cfg.max_spec_factor,
+                tree.extend(m.local_seq, m.since(pos))
+                m.local_pos = m.end
+                m.trim()
+        args = (req.context(), max_tokens, cfg.min_path_prob, cfg.max_spec_factor,
                 cfg.max_spec_offset)
         best, source = tree.speculate(*args), "prompt"
+        # A draft scores at most one per token: one of max_tokens tokens all at
+        # probability 1 cannot be beaten (a tree wins only with a higher score).
         if not cfg.use_siblings:
             if req.own is None:
                 req.own = SuffixTree(cfg.max_depth)
-            if req.own_backlog:
-                req.own.extend(0, req.own_backlog)
-                req.own_backlog = []
-            d = req.own.speculate(*args)
-            if d.score > best.score:
-                best, source = d, "own"
+            if req.own_pos < req.pending:
+                req.own.extend(0, req.since(req.own_pos, req.pending))
+                req.own_pos = req.pending
+                req.trim()
+            if best.score < max_tokens:
+                d = req.own.speculate(*args)
+                if d.score > best.score:
+                    best, source = d, "own"
         if cfg.use_global:
             self._flush_global()
-            if self._global.num_seqs:
+            if best.score < max_tokens and self._global.num_seqs:
                 d = self._global.speculate(*args)
                 if d.score > best.score:
                     best, source = d, "global"
@@ -309,11 +280,11 @@ class GroupDrafter:
 
     def stats(self) -> DrafterStats:
         trees = [self._prompts[k].tree for k in self._trees]
-        trees += [r.own for r in self._requests.values() if r.own is not None]
+        trees += [r.own for r in self._live.running.values() if r.own is not None]
         hist = [h.tokens for p in self._prompts.values() for h in p.history]
         return DrafterStats(
             prompts=sum(1 for p in self._prompts.values() if p.history),
-            trees=len(self._trees), live_requests=len(self._requests),
+            trees=len(self._trees), live_requests=len(self._live.running),
             history_responses=len(hist), history_tokens=int(sum(len(h) for h in hist)),
             tree_bytes=sum(t.memory_bytes() for t in trees) + self._global.memory_bytes(),
             drafts=self._drafts, drafted_tokens=self._drafted_tokens, wins=dict(self._wins))
@@ -377,30 +348,29 @@ class GroupDrafter:
             h.global_seqs.remove(seq)
 
     def _flush_global(self) -> None:
-        for m in self._global_dirty:
+        for m in self._live.take_unsent():
             if m.global_seq is None:
                 m.global_seq = self._new_global_seq()
-            self._global.extend(m.global_seq, m.global_backlog)
-            m.global_backlog = []
-        self._global_dirty.clear()
+            self._global.extend(m.global_seq, m.since(m.global_pos))
+            m.global_pos = m.end
+            m.trim()
 
     def _new_global_seq(self) -> int:
         seq = self._next_global
         self._next_global = (self._next_global + 1) & 0x7FFFFFFF
         return seq
 
-    def _drop_member(self, p: _Prompt, m: _Request) -> None:
+    def _drop_sequences(self, p: _Prompt, m: LiveRequest) -> None:
+        """A request that left its group: its live sequences leave the trees."""
         if m.local_seq is not None and p.tree is not None:
             p.tree.remove(m.local_seq)
         if m.global_seq is not None:
             self._global.remove(m.global_seq)
-        self._global_dirty.discard(m)
-        p.members.remove(m)
 
-    def _end_group(self, p: _Prompt) -> None:
-        for m in list(p.members):
-            self._drop_member(p, m)
-        p.expected = None
+    def _end_group(self, key: str, members: list[LiveRequest]) -> None:
+        p = self._prompts[key]
+        for m in members:
+            self._drop_sequences(p, m)
 
     def _evict(self) -> None:
         """Free LRU trees beyond the cap; prompts with requests in their group stay."""
@@ -409,7 +379,7 @@ class GroupDrafter:
             if excess <= 0:
                 break
             p = self._prompts[key]
-            if p.members:
+            if self._live.members(key):
                 continue
             p.tree = None
             for h in p.history:
