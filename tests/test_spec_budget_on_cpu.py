@@ -71,7 +71,8 @@ def test_marginal_benefit_stops_at_break_even():
 
 
 def test_full_batch_gets_little_speculation_and_the_tail_much():
-    cfg = dict(prior_accept=0.7, max_len=16, start_len=16)  # default cost: 18 ms + 0.2 ms/token
+    slow = CostModel(base_s=0.018, per_token_s=0.0002)  # 18 ms + 0.2 ms/token
+    cfg = dict(prior_accept=0.7, max_len=16, start_len=16, cost=slow)
     b = budget(**cfg)
     full = [Candidate(k, 16) for k in range(256)]
     # E/T = 256 / 69.2 ms: a token pays only if alpha^j > 0.2 * 256 / 69.2 = 0.74
@@ -81,7 +82,7 @@ def test_full_batch_gets_little_speculation_and_the_tail_much():
     # One sequence (ms): E=1, T=18.2; token j pays while 0.7^j * T > 0.2 * E:
     # j=1 12.74 > 0.20, ..., j=9 0.0404*19.8 = 0.80 > 0.64 (E=3.24), j=10 0.565 < 0.648
     assert budget(**cfg).allocate([Candidate("x", 16)]) == [9]
-    assert _greedy_reference(0.7, 1, 16, CostModel()) == 9
+    assert _greedy_reference(0.7, 1, 16, slow) == 9
 
 
 def _greedy_reference(alpha: float, n: int, cap: int, cost: CostModel) -> int:

@@ -19,6 +19,7 @@ from pipeline.loop.batches import PromptSource
 from pipeline.loop.evaluate import eval_prompts, evaluate
 from pipeline.loop.metrics import LiveView, MetricsLog
 from pipeline.loop.preflight import load_prompts
+from pipeline.loop.scheduled import ScheduledRollout
 from pipeline.loop.step import rl_step
 from pipeline.train import checkpoint
 
@@ -39,6 +40,7 @@ class Context:
     policy_version: int = 0
     start_step: int = 0
     history: HistoryStore | None = None
+    scheduler: object = None  # ScheduledRollout when the batch is placed over several ranks
     metrics: MetricsLog | None = None
     evals: MetricsLog | None = None
     eval_set: list = field(default_factory=list)
@@ -82,6 +84,7 @@ def setup(cfg: Config, rank: int, world: int, resume: bool, force: bool) -> Cont
                            cfg.data.max_prompt_length + cfg.rollout.max_tokens, cfg.run.seed,
                            cfg.spec)
     ctx = Context(cfg, rank, world, engine, actor, tokenizer, prompts, reward_fn, run_dir)
+    ctx.scheduler = ScheduledRollout.maybe(cfg, world, run_dir)
     ctx.eval_set = eval_prompts(cfg, {p.id for p in prompts.prompts})
     if rank == 0:
         ctx.history = HistoryStore(run_dir)
@@ -115,6 +118,8 @@ def restore(ctx: Context) -> None:
         ctx.evals.truncate_after(state["step"])
     dist.barrier()
     restore_drafting(ctx)
+    if ctx.scheduler is not None:
+        ctx.scheduler.load_history(ctx.run_dir)
 
 
 def restore_drafting(ctx: Context) -> None:

@@ -22,13 +22,18 @@ def rl_step(ctx, step: int) -> StepResult:
     """ctx: a `pipeline.loop.run.Context` (engine, actor, tokenizer, data, config, ranks)."""
     cfg, phases = ctx.cfg, PhaseTimer()
     epoch = ctx.prompts.epoch_of(step)
-    mine = shard(ctx.prompts.batch(step), ctx.rank, ctx.world_size)
     version = ctx.policy_version
+    scheduler = ctx.scheduler  # None: each rank generates its own share (static split)
 
     with phases("rollout"):
         ctx.engine.wake()
-        group = rollouts.generate(ctx.engine, ctx.tokenizer, mine, sampling(cfg, step))
+        if scheduler is None:
+            mine = shard(ctx.prompts.batch(step), ctx.rank, ctx.world_size)
+            group = rollouts.generate(ctx.engine, ctx.tokenizer, mine, sampling(cfg, step))
+        else:
+            group = scheduler.generate(ctx, step, sampling(cfg, step))
         ctx.engine.sleep()
+    busy_s = scheduler.busy_seconds(ctx.rank) if scheduler else phases.seconds["rollout"]
     with phases("reward"):
         rollouts.score(group, ctx.reward_fn)
     with phases("train"):
@@ -42,12 +47,17 @@ def rl_step(ctx, step: int) -> StepResult:
         records = rollouts.to_records(group, epoch, step, version)
         finish = [r.completion.finish_s for r in group]
         everything = dist.all_gather((records, {**train_metrics, **spec_metrics},
-                                      phases.seconds.get("rollout", 0.0), finish))
+                                      phases.seconds.get("rollout", 0.0), finish, busy_s))
     records = [r for rank_records, *_ in everything for r in rank_records]
+    if scheduler:
+        scheduler.remember(records)
     if ctx.engine.drafting:
         with phases("index"):
             ctx.engine.drafting.remember(records)  # every rank may draft for any prompt
-    return StepResult(step_metrics(step, epoch, version, records, everything, phases), records)
+    metrics = step_metrics(step, epoch, version, records, everything, phases)
+    if scheduler:
+        metrics.update(scheduler.metrics())
+    return StepResult(metrics, records)
 
 
 def sampling(cfg, step: int) -> SamplingSpec:
@@ -61,9 +71,9 @@ def step_metrics(step, epoch, version, records, everything, phases: PhaseTimer) 
     rewards = [r.reward for r in records]
     lengths = [r.length for r in records]
     lens = summarize_lengths(lengths)
-    train = [m for _, m, _, _ in everything]
-    per_rank = [s for _, _, s, _ in everything]
-    rollout_s = max(per_rank)  # the step waits for the slowest rank
+    train = [m for _, m, *_ in everything]
+    rollout_s = max(s for _, _, s, *_ in everything)  # the step waits for the slowest rank
+    busy = [b for *_, b in everything]  # seconds each rank (rollout worker) was generating
     out = {
         "step": step + 1, "epoch": epoch, "policy_version": version,
         "reward_mean": sum(rewards) / len(rewards),
@@ -80,7 +90,7 @@ def step_metrics(step, epoch, version, records, everything, phases: PhaseTimer) 
     out["time_rollout_s"] = round(rollout_s, 4)
     # how the rollout work spread over the ranks (the rollout workers): idle rank-seconds
     # over rank-seconds, and the time spent finishing the last 10 % of the responses
-    out["rollout_bubble_ratio"] = round(1 - sum(per_rank) / (len(per_rank) * rollout_s), 4) \
+    out["rollout_bubble_ratio"] = round(max(0.0, 1 - sum(busy) / (len(busy) * rollout_s)), 4) \
         if rollout_s > 0 else 0.0
-    out["rollout_tail_s"] = round(tail_s([f for *_, fs in everything for f in fs]), 4)
+    out["rollout_tail_s"] = round(tail_s([f for _, _, _, fs, _ in everything for f in fs]), 4)
     return out

@@ -119,6 +119,50 @@ class RolloutEngine:
         self.last_output = (sum(len(c.token_ids) for g in groups for c in g), len(outputs))
         return groups
 
+    # -- streaming (requests added and finished one by one; see pipeline.sched.runtime) ---
+    def open_stream(self, prompts: Sequence[list[int]], n: int) -> None:
+        """Start a rollout whose requests arrive through `submit` (the groups' prompts are
+        announced to the drafter, as `generate` does)."""
+        if self.drafting:
+            self.drafting.before(prompts, n)
+        self.meter.start()
+        self._stream_started = time.monotonic()
+        self._stream_keys: dict[str, str] = {}
+        self._stream_output = [0, 0]
+
+    def submit(self, key: str, prompt_ids: Sequence[int], spec: SamplingSpec) -> None:
+        """Queue one request (n must be 1); its completion comes back from `step` as `key`."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(n=1, temperature=spec.temperature, top_p=spec.top_p,
+                                top_k=spec.top_k, max_tokens=spec.max_tokens, logprobs=0,
+                                seed=spec.seed, output_kind=RequestOutputKind.FINAL_ONLY)
+        rid = self.llm.llm_engine.add_request(key, TokensPrompt(prompt_token_ids=list(prompt_ids)),
+                                              params)
+        self._stream_keys[rid] = key
+
+    def busy(self) -> bool:
+        return self.llm.llm_engine.has_unfinished_requests()
+
+    def step(self) -> list[tuple[str, Completion]]:
+        """One engine step (a target forward pass); the requests it finished."""
+        done = []
+        for out in self.llm.llm_engine.step():
+            if out.finished:
+                c = _completion(out, self._stream_started)
+                self._stream_output[0] += len(c.token_ids)
+                self._stream_output[1] += 1
+                done.append((self._stream_keys.pop(out.request_id, out.request_id), c))
+        return done
+
+    def close_stream(self) -> None:
+        self.last_passes = self.meter.stop()
+        self.last_output = tuple(self._stream_output)
+        if self.drafting:
+            self.drafting.after(self.last_passes)
+
     def spec_metrics(self) -> dict[str, float]:
         """Speculation in the last `generate`, the same accounting for every method (see
         `pipeline.rollout.meter`); {} without speculation."""

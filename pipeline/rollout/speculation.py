@@ -74,25 +74,16 @@ class Drafting:
         self.proposer = attach(runner, self.drafter, DraftBudget(budget_config(spec)))
         # prompt hash -> the last K epochs' responses, oldest first
         self._epochs: dict[str, deque] = defaultdict(lambda: deque(maxlen=spec.history_epochs))
-        self._pass_samples: deque = deque(maxlen=4096)  # (scheduled tokens, seconds), decode
 
     def before(self, prompts: Sequence[list[int]], n: int) -> None:
         for ids in prompts:
             self.drafter.expect_group(ids, n)
 
     def after(self, passes=None) -> None:
-        """End of one `generate`; `passes` (the meter's counts) refits the budget's cost
-        model to what a decode pass really costs on this machine at this batch size."""
+        """End of one `generate` (`passes`: the engine's meter counts, unused for now: a
+        linear refit over a full batch's small passes prices verification too high on CPU,
+        see `pipeline.spec.budget.CostModel`)."""
         self.proposer.end_step()
-        if passes is not None:
-            from dataclasses import replace
-
-            from pipeline.spec.budget import fit_cost_model
-
-            self._pass_samples.extend((t, s) for t, s, prefill in passes.samples if not prefill)
-            budget = self.proposer.budget
-            cost = fit_cost_model(list(self._pass_samples), budget.config.cost)
-            budget.config = replace(budget.config, cost=cost)
 
     def remember(self, records: Sequence) -> None:
         """Add one step's rollout records (all ranks') to the per-prompt history."""

@@ -111,7 +111,7 @@ def run_isolated(config_path: Path, overrides: list[str], plan: Plan, method: st
     result_path.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "pipeline.spec.bench_worker", str(config_path), str(plan.run_dir),
            str(plan.epochs), method, str(result_path), *overrides]
-    code = subprocess.call(cmd, env=dict(os.environ))
+    code = subprocess.call(cmd, env=dict(os.environ), stdout=sys.stderr)  # stdout: the JSON
     if code or not result_path.is_file():
         raise RuntimeFailure(f"bench spec: method {method} failed (exit {code}): {' '.join(cmd)}")
     data = json.loads(result_path.read_text())

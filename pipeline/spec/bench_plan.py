@@ -102,7 +102,7 @@ def ensure_trained(plan: Plan, config_path: Path, overrides: list[str]) -> bool:
                          f"choose another directory")
     cmd = [sys.executable, "-m", "rhymectl", "train", str(config_path), *overrides,
            *plan.train_overrides(), *flags]
-    code = subprocess.call(cmd)
+    code = subprocess.call(cmd, stdout=sys.stderr)  # keep stdout for --json
     if code == 2:
         sys.exit(2)  # the training command printed the usage error
     if code:
