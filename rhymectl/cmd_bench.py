@@ -133,7 +133,8 @@ def sched(
     trace: Optional[Path] = typer.Option(None, "--trace", help="Length trace file (.csv or .jsonl) instead of RUN_DIR."),
     policies: str = typer.Option(DEFAULT_POLICIES, "--policies", help="Comma-separated policies."),
     workers: int = typer.Option(8, "--workers", min=1, help="Rollout workers W."),
-    simulate: bool = typer.Option(False, "--simulate", help="Project the step with the simulator (required for now)."),
+    simulate: bool = typer.Option(False, "--simulate", help="Project the step with the simulator instead of "
+                                                            "running it on W real rollout workers (torchrun ranks)."),
     spec: str = typer.Option("none", "--spec", help="Speculation to model: none or history+group."),
     capacity: int = typer.Option(RolloutConfig().max_num_seqs, "--capacity", min=1,
                                  help="Concurrent requests per worker (KV-cache capacity)."),
@@ -156,22 +157,35 @@ def sched(
     if (run_dir is None) == (trace is None):
         raise UsageError("give a RUN_DIR or --trace FILE" if run_dir is None else
                          "give either RUN_DIR or --trace FILE, not both")
-    if not simulate:
-        raise UsageError("measuring real rollout workers is not implemented yet; pass --simulate "
-                         "to project the step with the simulator")
+    if not simulate and trace is not None:
+        raise UsageError("a --trace holds lengths, not prompts: replay it with --simulate, or "
+                         "give a RUN_DIR to measure real rollout workers")
     lengths = trace_from_history(run_dir) if trace is None else read_trace(trace)
     setup = BenchSetup(policies=names, workers=workers, spec=spec, capacity=capacity,
                        requests_per_worker=requests_per_worker, chunk_tokens=chunk_tokens,
                        epoch=epoch, seed=seed)
-    results = run_bench(lengths, setup)
+    if simulate:
+        results = run_bench(lengths, setup)
+    else:
+        from pipeline.sched.bench import step_groups
+        from pipeline.sched.bench_spawn import run_real
+
+        step_groups(lengths, setup)  # bad input fails here, before any rank starts
+        results, extra = run_real(run_dir, setup)
     if plot is None:
         plot = (run_dir / "report" / f"bench-sched-w{workers}.png" if trace is None
                 else Path(f"bench-sched-{trace.stem}-w{workers}.png"))
+    source = "simulated" if simulate else "real"
     title = (f"{Path(lengths.source).name}: {workers} workers × {requests_per_worker} requests, "
-             f"spec {spec}, simulated")
+             f"spec {spec}, {source}")
     plot_path = write_gantt(results, plot, title)
     if json_out:
-        emit_json(bench_json(results, workers))
+        report = bench_json(results, workers, source)
+        if not simulate:
+            for name, more in extra["policies"].items():
+                report["policies"][name].update(more)
+            report["cost_model"] = extra["cost_model"]
+        emit_json(report)
     else:
         _render(results, workers, title)
     log.print(f"Gantt chart: {plot_path}", markup=False, soft_wrap=True)

@@ -97,8 +97,8 @@ def test_explicit_plot_path(trace_file, tmp_path):
     (["--spec", "ngram"], "--spec 'ngram' is not simulated; choose from none, history+group"),
     (["--no-source"], "give a RUN_DIR or --trace FILE"),
     (["--both"], "give either RUN_DIR or --trace FILE, not both"),
-    (["--no-simulate"], "measuring real rollout workers is not implemented yet; pass --simulate to "
-                        "project the step with the simulator"),
+    (["--no-simulate"], "a --trace holds lengths, not prompts: replay it with --simulate, or give "
+                        "a RUN_DIR to measure real rollout workers"),
     (["--workers", "100"], "--workers 100 is larger than the 20 requests of {trace} (epoch 0); give "
                            "at most 20 workers"),
 ])

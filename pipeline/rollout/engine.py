@@ -146,6 +146,10 @@ class RolloutEngine:
     def busy(self) -> bool:
         return self.llm.llm_engine.has_unfinished_requests()
 
+    def running(self) -> int:
+        """Requests queued or running in the engine."""
+        return self.llm.llm_engine.get_num_unfinished_requests()
+
     def step(self) -> list[tuple[str, Completion]]:
         """One engine step (a target forward pass); the requests it finished."""
         done = []

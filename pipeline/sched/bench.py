@@ -85,9 +85,9 @@ def run_bench(trace: Trace, setup: BenchSetup) -> dict[str, SimResult]:
     return {name: simulate(make_policy(name, params), groups, config) for name in setup.policies}
 
 
-def bench_json(results: dict[str, SimResult], workers: int) -> dict:
+def bench_json(results: dict[str, SimResult], workers: int, source: str = "simulated") -> dict:
     """The `--json` object: {"source", "workers", "policies": {NAME: {METRICS}}}."""
-    return {"source": "simulated", "workers": workers,
+    return {"source": source, "workers": workers,
             "policies": {name: {k: round(float(v), 6) for k, v in r.summary().items()}
                          for name, r in results.items()}}
 

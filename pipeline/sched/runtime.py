@@ -47,6 +47,8 @@ class WorkerTimes:
     wall_s: float = 0.0  # from the start until the coordinator said done
     chunks: int = 0
     migrated_in: int = 0  # continuations that started here after another worker's chunk
+    timeline: list = field(default_factory=list)  # (start_s, end_s, running) per engine step
+    passes: object = None  # the engine's PassCounts over the rollout
 
 
 @dataclass
@@ -134,7 +136,7 @@ def rollout(engine, prompts: Sequence[list[int]], groups: Sequence[GroupWork], s
     dispatcher = placement.dispatcher(groups, world, step) if rank == 0 else None
     engine.open_stream(prompts, spec.n)
     dist.barrier()
-    started = time.time()
+    started, clock0 = time.time(), time.perf_counter()
     times = WorkerTimes()
     coordinator = _Coordinator(channel, dispatcher, world, capacity, spec, started) if rank == 0 else None
     seen = posted = 0
@@ -154,9 +156,12 @@ def rollout(engine, prompts: Sequence[list[int]], groups: Sequence[GroupWork], s
                 times.migrated_in += bool(prefix)
             seen = assigned
             if engine.busy():
+                running = engine.running()
                 t0 = time.perf_counter()
                 finished = engine.step()
-                times.busy_s += time.perf_counter() - t0
+                t1 = time.perf_counter()
+                times.busy_s += t1 - t0
+                times.timeline.append((t0 - clock0, t1 - clock0, running))
                 for key, c in finished:
                     g, s, _ = (int(x) for x in key.split(":"))
                     event = {"g": g, "s": s, "tokens": c.token_ids, "logprobs": c.logprobs,
@@ -178,6 +183,7 @@ def rollout(engine, prompts: Sequence[list[int]], groups: Sequence[GroupWork], s
     finally:
         engine.close_stream()
     times.wall_s = time.time() - started
+    times.passes = engine.last_passes
     result = [coordinator.result() if coordinator else None]
     dist.broadcast_object_list(result, src=0)
     groups_out, makespan, migrations = result[0]

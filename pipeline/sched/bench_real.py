@@ -1,0 +1,134 @@
+"""`rhymectl bench sched RUN_DIR --workers W` without --simulate: the policies on real
+rollout workers. Started by the command under torchrun (one rank per worker):
+
+    python -m pipeline.sched.bench_real RUN_DIR OUT_JSON POLICIES SPEC REQUESTS_PER_WORKER
+        CHUNK_TOKENS CAPACITY SEED [EPOCH]
+
+The step is drawn exactly as the simulated bench draws it (`step_groups`: the replay
+epoch's groups, predictions from the epochs before), its prompts come from the run's data
+set and its policy from the run's newest checkpoint. Each policy then runs that step on the
+W ranks (`pipeline.sched.runtime`), after one unmeasured warm-up step. Per policy:
+
+- makespan_s: the coordinator's time to the last finished response;
+- ideal_s: the larger of total busy worker-seconds / W and the decode time of the longest
+  response on its own (its length × the measured time of a decode pass at batch 1);
+- bubble_ratio: idle worker-seconds / worker-seconds; tail_s: time spent finishing the
+  last 10 % of the responses;
+- simulated_makespan_s: the simulator's makespan for the same step, the same lengths and
+  a cost model fitted to this run's measured decode passes — the calibration check.
+
+Oracle needs the true lengths in advance and is only simulated. Rank 0 writes the JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+
+def main(argv: list[str]) -> None:
+    import statistics
+
+    from pipeline.atomic import write_json_atomic
+    from pipeline.config import load_config
+    from pipeline.loop import dist
+    from pipeline.loop.preflight import load_prompts
+    from pipeline.loop.step import sampling
+    from pipeline.rollout.engine import RolloutEngine
+    from pipeline.sched.bench import BenchSetup, step_groups
+    from pipeline.sched.placement import make_policy
+    from pipeline.sched.runtime import rollout
+    from pipeline.sched.simulator import SimResult, tail_s
+    from pipeline.sched.trace import trace_from_history
+    from pipeline.sched.work import PlacementParams
+    from pipeline.train import checkpoint
+
+    run_dir, out, policies, spec_method, rpw, chunk, capacity, seed, *rest = argv
+    run_dir = Path(run_dir)
+    rank, world = dist.init()
+    cfg = load_config(run_dir / "config.yaml", [f"spec.method={spec_method}"])
+    setup = BenchSetup(policies=tuple(policies.split(",")), workers=world, spec=spec_method,
+                       capacity=int(capacity), requests_per_worker=int(rpw),
+                       chunk_tokens=int(chunk), epoch=int(rest[0]) if rest else None, seed=int(seed))
+    groups, floor = step_groups(trace_from_history(run_dir), setup)
+    groups = [replace(g, lengths=None) for g in groups]  # real runs find out the lengths
+    text = {row["id"]: row["prompt"] for row in load_prompts(cfg)}
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(cfg.model.path)
+    prompts = [tok(text[g.prompt_id])["input_ids"] for g in groups]
+    latest = checkpoint.latest(run_dir / "checkpoints")
+    model = replace(cfg.model, path=str(latest / "policy")) if latest else cfg.model
+    engine = RolloutEngine(model, cfg.rollout, cfg.data.max_prompt_length + cfg.rollout.max_tokens,
+                           cfg.run.seed, cfg.spec)
+    if engine.drafting is not None:  # drafts from the run's history, as training would
+        from pipeline.history import index
+
+        loaded = index.load(run_dir, cfg.model.path, cfg.spec.history_epochs)
+        if loaded is not None:
+            engine.drafting.load_history(loaded.responses(as_arrays=True))
+    spec = replace(sampling(cfg, 0), n=groups[0].n)
+    params = PlacementParams(chunk_tokens=setup.chunk_tokens, capacity=setup.capacity,
+                             length_floor=floor)
+    # warm-up (unmeasured): CPU kernels see their shapes once before any policy is timed
+    rollout(engine, prompts, groups, spec, make_policy("static", params), capacity=setup.capacity)
+    one = engine.generate([prompts[0]], replace(spec, n=1, max_tokens=32))
+    single = [s for _, s, prefill in engine.last_passes.samples if not prefill]
+    pass_1 = statistics.median(single) if single and one else 0.0
+
+    results, samples, lengths = {}, [], {}
+    for name in setup.policies:
+        if name == "oracle":
+            continue
+        r = rollout(engine, prompts, groups, spec, make_policy(name, params),
+                    capacity=setup.capacity, step=setup.seed)
+        finish = [[c.finish_s for c in g] for g in r.groups]
+        lens = [[len(c.token_ids) for c in g] for g in r.groups]
+        busy = sum(w.busy_s for w in r.workers)
+        ideal = max(busy / world, max(max(x) for x in lens) * pass_1)
+        results[name] = SimResult(name, world, r.makespan_s, ideal, r.bubble_ratio,
+                                  tail_s([f for g in finish for f in g]), r.migrations, finish,
+                                  [w.timeline for w in r.workers])
+        lengths[name] = lens
+        for w in r.workers:
+            samples += [(t, s) for t, s, prefill in w.passes.samples if not prefill]
+    if rank == 0:
+        cost = _fitted_cost(samples)
+        report = {"source": "real", "workers": world, "pass_1_s": pass_1,
+                  "cost_model": {"base_s": cost.base_s, "per_token_s": cost.per_token_s},
+                  "policies": {}}
+        for name, r in results.items():
+            sim = _simulate(name, groups, lengths[name], world, setup, params, cost)
+            report["policies"][name] = {**{k: round(float(v), 6) for k, v in r.summary().items()},
+                                        "migrations": r.migrations,
+                                        "simulated_makespan_s": round(sim.makespan_s, 6),
+                                        "sim_over_real": round(sim.makespan_s / r.makespan_s, 4)
+                                        if r.makespan_s else None,
+                                        "timelines": r.timelines}
+        write_json_atomic(out, report)
+    dist.barrier()
+
+
+def _fitted_cost(samples):
+    """The simulator's cost model from measured decode passes (batch tokens, seconds)."""
+    from pipeline.sched.cost import CostModel
+    from pipeline.spec.budget import CostModel as PassCost, fit_cost_model
+
+    fit = fit_cost_model(samples, PassCost(CostModel().base_s, CostModel().per_token_s))
+    return CostModel(base_s=fit.base_s, per_token_s=fit.per_token_s)
+
+
+def _simulate(name, groups, lengths, workers, setup, params, cost):
+    from pipeline.sched.placement import make_policy
+    from pipeline.sched.simulator import SimConfig, simulate
+
+    with_lengths = [replace(g, lengths=tuple(ls)) for g, ls in zip(groups, lengths)]
+    config = SimConfig(workers=workers, capacity=setup.capacity, prompt_tokens=setup.prompt_tokens,
+                       cost=cost)
+    return simulate(make_policy(name, replace(params, cost=cost)), with_lengths, config)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
