@@ -180,3 +180,14 @@ def test_fast_allocation_without_batch_awareness_returns_the_caps():
     b.observe("a", 2, 2)  # cap 4
     assert b.allocate_ids(["a", "b", "c"], [8, 8, 1]) == [4, 2, 1]
     assert b.allocate_ids([], []) == []
+
+
+def test_a_run_of_rejections_never_shuts_speculation_off_for_good():
+    """After many rejected drafts (say, a step of prompts without history) a new request
+    still gets a draft where one would pay at the exploration floor, so acceptance can be
+    measured again when drafts improve."""
+    b = budget(prior_accept=0.7, max_len=8, start_len=4)
+    for i in range(2000):
+        b.observe(f"old{i}", 4, 0)
+    assert b.overall_acceptance() == pytest.approx(0.3)
+    assert sum(b.allocate([Candidate(k, 4) for k in range(8)])) > 0

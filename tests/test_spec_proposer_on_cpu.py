@@ -189,7 +189,7 @@ def simulate(method: str, cost: str, seed: int = 0) -> dict:
     proposer = RhymeProposer(cfg)
     batch = FakeBatch(max_len, rows=rows_cap)
     drafter = GroupDrafter(DrafterConfig.for_method(method, max_spec_factor=2.0))
-    budget = DraftBudget(BudgetConfig(max_len=8, start_len=2, cost=COSTS[cost]))
+    budget = DraftBudget(BudgetConfig(max_len=8, start_len=2, cost=COSTS[cost], explore_floor=0.0))
     attach(SimpleNamespace(input_batch=batch, drafter=proposer), drafter, budget)
     prompts = [[rng.randrange(1, 12) for _ in range(5)] + [12 + g] for g in range(3)]
     bases = [[rng.randrange(1, 6) for _ in range(rng.randint(10, 60))] for _ in prompts]

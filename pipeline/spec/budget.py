@@ -82,6 +82,10 @@ class BudgetConfig:
     prior_weight: float = 2.0  # pseudo-trials behind the prior of a request's rate
     decay: float = 0.9  # per observation, for a request's rate
     global_decay: float = 0.999  # per observation, for the rate of all requests
+    # A new request is assumed to be accepted at least this often: without the floor, a
+    # stretch of poor drafts (e.g. prompts with no history yet) can drive the shared rate
+    # so low that no request is granted a draft again, and no new evidence ever arrives.
+    explore_floor: float = 0.3
     batch_aware: bool = True  # False: every request drafts up to its cap
     cost: CostModel = field(default_factory=CostModel)
 
@@ -132,7 +136,8 @@ class DraftBudget:
     def overall_acceptance(self) -> float:
         """Acceptance rate over all requests observed (the prior of a new request)."""
         a, c = self._all, self.config
-        return (a.accepted + c.prior_accept * c.prior_weight) / (a.tried + c.prior_weight)
+        rate = (a.accepted + c.prior_accept * c.prior_weight) / (a.tried + c.prior_weight)
+        return max(rate, c.explore_floor)
 
     def observe(self, req_id: Hashable, proposed: int, accepted: int) -> None:
         """Outcome of the request's last verified draft: `accepted` of `proposed` tokens."""
