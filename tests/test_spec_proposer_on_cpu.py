@@ -188,7 +188,7 @@ def simulate(method: str, cost: str, seed: int = 0) -> dict:
                           model_config=SimpleNamespace(max_model_len=max_len))
     proposer = RhymeProposer(cfg)
     batch = FakeBatch(max_len, rows=rows_cap)
-    drafter = GroupDrafter(DrafterConfig.for_method(method, max_spec_factor=2.0))
+    drafter = GroupDrafter(DrafterConfig.for_method(method, max_spec_factor=2.0, global_live=True))
     budget = DraftBudget(BudgetConfig(max_len=8, start_len=2, cost=COSTS[cost], explore_floor=0.0))
     attach(SimpleNamespace(input_batch=batch, drafter=proposer), drafter, budget)
     prompts = [[rng.randrange(1, 12) for _ in range(5)] + [12 + g] for g in range(3)]

@@ -58,7 +58,11 @@ class DrafterConfig:
     reward_copies: with reward_weighted, the best response of a prompt counts
     1 + reward_copies times and the worst once (linear in between) — RhymeRL's
     reward-aware tree, realised as repeated sequences so the C++ counts carry the weight;
-    max_global_responses: history responses kept in the global tree (FIFO).
+    max_global_responses: history responses kept in the global tree (FIFO);
+    global_live: with siblings on, live responses also enter the global tree (drafts for
+    other prompts' requests). Off by default: it doubles the tree work per live token and,
+    measured with `rhymectl bench spec`, the cross-prompt format is already in the global
+    tree through the history.
     """
 
     use_history: bool = True
@@ -72,6 +76,7 @@ class DrafterConfig:
     reward_copies: int = 2
     max_cached_prompts: int = 4096
     max_global_responses: int = 10000
+    global_live: bool = False
 
     @classmethod
     def for_method(cls, method: str, **kwargs) -> "DrafterConfig":
@@ -130,7 +135,8 @@ class GroupDrafter:
         self.config = config
         self._prompts: dict[str, _Prompt] = {}
         self._trees: OrderedDict[str, None] = OrderedDict()  # prompts with a tree, LRU first
-        self._live = LiveSet(config.max_depth, config.use_siblings, config.use_global)
+        self._live = LiveSet(config.max_depth, config.use_siblings,
+                             config.use_global and config.global_live)
         self._global = SuffixTree(config.max_depth)
         self._global_fifo: OrderedDict[int, tuple[str, _History]] = OrderedDict()
         self._next_global = 0
