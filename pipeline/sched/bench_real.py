@@ -29,8 +29,6 @@ from pathlib import Path
 
 
 def main(argv: list[str]) -> None:
-    import statistics
-
     from pipeline.atomic import write_json_atomic
     from pipeline.config import load_config
     from pipeline.loop import dist
@@ -74,11 +72,12 @@ def main(argv: list[str]) -> None:
                              length_floor=floor)
     # warm-up (unmeasured): CPU kernels see their shapes once before any policy is timed
     rollout(engine, prompts, groups, spec, make_policy("static", params), capacity=setup.capacity)
-    one = engine.generate([prompts[0]], replace(spec, n=1, max_tokens=32))
-    single = [s for _, s, prefill in engine.last_passes.samples if not prefill]
-    pass_1 = statistics.median(single) if single and one else 0.0
+    # one request on its own: seconds per generated token (speculation included)
+    alone = engine.generate([prompts[0]], replace(spec, n=1, max_tokens=64))[0][0]
+    decode_s = sum(s for _, s, prefill in engine.last_passes.samples if not prefill)
+    per_token_1 = decode_s / max(1, len(alone.token_ids) - 1)
 
-    results, samples, lengths = {}, [], {}
+    results, samples, lengths, workers = {}, [], {}, []
     for name in setup.policies:
         if name == "oracle":
             continue
@@ -87,17 +86,19 @@ def main(argv: list[str]) -> None:
         finish = [[c.finish_s for c in g] for g in r.groups]
         lens = [[len(c.token_ids) for c in g] for g in r.groups]
         busy = sum(w.busy_s for w in r.workers)
-        ideal = max(busy / world, max(max(x) for x in lens) * pass_1)
+        ideal = max(busy / world, max(max(x) for x in lens) * per_token_1)
         results[name] = SimResult(name, world, r.makespan_s, ideal, r.bubble_ratio,
                                   tail_s([f for g in finish for f in g]), r.migrations, finish,
                                   [w.timeline for w in r.workers])
         lengths[name] = lens
         for w in r.workers:
             samples += [(t, s) for t, s, prefill in w.passes.samples if not prefill]
+            workers.append(w)
     if rank == 0:
-        cost = _fitted_cost(samples)
-        report = {"source": "real", "workers": world, "pass_1_s": pass_1,
-                  "cost_model": {"base_s": cost.base_s, "per_token_s": cost.per_token_s},
+        cost = _fitted_cost(samples, workers)
+        report = {"source": "real", "workers": world, "per_token_1_s": per_token_1,
+                  "cost_model": {"base_s": cost.base_s, "per_token_s": cost.per_token_s,
+                                 "tau": cost.tau, "draft_tokens": cost.draft_tokens},
                   "policies": {}}
         for name, r in results.items():
             sim = _simulate(name, groups, lengths[name], world, setup, params, cost)
@@ -111,13 +112,21 @@ def main(argv: list[str]) -> None:
     dist.barrier()
 
 
-def _fitted_cost(samples):
-    """The simulator's cost model from measured decode passes (batch tokens, seconds)."""
+def _fitted_cost(samples, workers):
+    """The simulator's cost model from the measured decode passes (scheduled tokens,
+    seconds): base and per-token cost by least squares; with speculation, also tau (tokens
+    per request and pass) and draft tokens per request and pass, as measured."""
     from pipeline.sched.cost import CostModel
     from pipeline.spec.budget import CostModel as PassCost, fit_cost_model
 
     fit = fit_cost_model(samples, PassCost(CostModel().base_s, CostModel().per_token_s))
-    return CostModel(base_s=fit.base_s, per_token_s=fit.per_token_s)
+    decode = sum(w.passes.seq_passes - w.passes.prefill_seq_passes for w in workers)
+    drafts = sum(w.passes.draft_tokens for w in workers)
+    if not drafts or not decode:
+        return CostModel(base_s=fit.base_s, per_token_s=fit.per_token_s)
+    emitted = sum(w.generated - w.requests for w in workers)  # after each chunk's prefill
+    return CostModel(base_s=fit.base_s, per_token_s=fit.per_token_s,
+                     tau=max(1.0, emitted / decode), draft_tokens=round(drafts / decode))
 
 
 def _simulate(name, groups, lengths, workers, setup, params, cost):

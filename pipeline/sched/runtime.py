@@ -49,6 +49,8 @@ class WorkerTimes:
     migrated_in: int = 0  # continuations that started here after another worker's chunk
     timeline: list = field(default_factory=list)  # (start_s, end_s, running) per engine step
     passes: object = None  # the engine's PassCounts over the rollout
+    generated: int = 0  # tokens generated here
+    requests: int = 0  # chunks run here (each one an engine request)
 
 
 @dataclass
@@ -184,6 +186,7 @@ def rollout(engine, prompts: Sequence[list[int]], groups: Sequence[GroupWork], s
         engine.close_stream()
     times.wall_s = time.time() - started
     times.passes = engine.last_passes
+    times.generated, times.requests = engine.last_output
     result = [coordinator.result() if coordinator else None]
     dist.broadcast_object_list(result, src=0)
     groups_out, makespan, migrations = result[0]
