@@ -62,7 +62,7 @@ def test_two_steps_record_metrics_history_and_checkpoints(uninterrupted):
             assert r[f"time_{phase}_s"] >= 0.0
         assert r["rollout_bubble_ratio"] == 0.0  # one rank: never waits for another
         assert 0.0 <= r["rollout_tail_s"] < r["time_rollout_s"]
-        assert "spec_tau" not in r  # no speculation, no speculation metrics
+        assert r["spec_tau"] >= 1.0  # tiny.yaml drafts with history+group by default
     for step in (0, 1):
         rows = history(uninterrupted, step)
         assert len(rows) == 4 * 4  # batch × group
@@ -113,16 +113,20 @@ def test_vllm_after_training_matches_transformers_on_the_trained_weights(uninter
     assert evals[-1]["reward_mean"] == pytest.approx(sum(rewards) / len(rewards), abs=1e-9)
 
 
-def test_resume_gives_the_same_next_step(uninterrupted, tiny_model, tmp_path):
-    run_dir = tmp_path / "b"
-    train(tiny_model, run_dir, "train.total_steps=1")
+def test_resume_gives_the_same_next_step(tiny_model, tmp_path):
+    """Bit-identical without speculation. (With it, a resumed run samples from the same
+    distribution, but the draft budget's learned acceptance rates are not checkpointed, so
+    drafts, and with them the random stream, differ.)"""
+    a_dir, run_dir = tmp_path / "a", tmp_path / "b"
+    train(tiny_model, a_dir, "train.total_steps=2", "spec.method=none")
+    train(tiny_model, run_dir, "train.total_steps=1", "spec.method=none")
     assert [r["step"] for r in metrics(run_dir)] == [1]
-    train(tiny_model, run_dir, "train.total_steps=2", "--resume")
-    a, b = metrics(uninterrupted), metrics(run_dir)
+    train(tiny_model, run_dir, "train.total_steps=2", "spec.method=none", "--resume")
+    a, b = metrics(a_dir), metrics(run_dir)
     assert [r["step"] for r in b] == [1, 2]
     for key in ("reward_mean", "accuracy", "resp_len_mean", "gen_tokens", "train_loss", "train_pg_loss"):
         assert b[1][key] == a[1][key], key
-    assert [r["response_ids"] for r in history(run_dir, 1)] == [r["response_ids"] for r in history(uninterrupted, 1)]
+    assert [r["response_ids"] for r in history(run_dir, 1)] == [r["response_ids"] for r in history(a_dir, 1)]
 
 
 def test_two_ranks_under_torchrun(tiny_model, tmp_path):
