@@ -11,7 +11,8 @@ W ranks (`pipeline.sched.runtime`), after one unmeasured warm-up step. Per polic
 
 - makespan_s: the coordinator's time to the last finished response;
 - ideal_s: the larger of total busy worker-seconds / W and the decode time of the longest
-  response on its own (its length × the measured time of a decode pass at batch 1);
+  response on its own (its length × the measured seconds per token of one request
+  generated alone, speculation included);
 - bubble_ratio: idle worker-seconds / worker-seconds; tail_s: time spent finishing the
   last 10 % of the responses;
 - simulated_makespan_s: the simulator's makespan for the same step, the same lengths and
