@@ -137,6 +137,21 @@ def test_requests_that_leave_the_batch_are_finished():
     assert proposer.drafter.running() == [] and proposer.drafter.stats().live_requests == 0
 
 
+def test_a_continued_chunk_drafts_from_its_original_prompts_history():
+    """A scheduler chunk that continues a response arrives as prompt + output so far; told
+    where the original prompt ends, the proposer keys it by that prompt (its history)."""
+    partial = RESPONSE[:4]
+    for told in (True, False):
+        proposer, batch = make()
+        if told:
+            proposer.continues("3:0:1", len(P))
+        batch.add("3:0:1-a1b2c3d4", P + partial)  # vLLM appends 8 random characters
+        step(proposer, batch, {"3:0:1-a1b2c3d4": [5]})
+        # the request drafted from the tree of the prompt it was keyed by
+        key = prompt_hash(P) if told else prompt_hash(P + partial)
+        assert proposer.drafter.cached_prompts() == [key]
+
+
 def test_drafts_stop_at_the_model_length():
     proposer, batch = make(max_model_len=8)
     batch.add("r", P)

@@ -130,8 +130,12 @@ class RolloutEngine:
         self._stream_keys: dict[str, str] = {}
         self._stream_output = [0, 0]
 
-    def submit(self, key: str, prompt_ids: Sequence[int], spec: SamplingSpec) -> None:
-        """Queue one request (n must be 1); its completion comes back from `step` as `key`."""
+    def submit(self, key: str, prompt_ids: Sequence[int], spec: SamplingSpec,
+               prompt_len: int | None = None) -> None:
+        """Queue one request (n must be 1); its completion comes back from `step` as `key`.
+
+        prompt_len: when the request continues a response, the length of the original
+        prompt within `prompt_ids` (the rest is the output so far), for the drafter."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
@@ -139,6 +143,8 @@ class RolloutEngine:
         params = SamplingParams(n=1, temperature=spec.temperature, top_p=spec.top_p,
                                 top_k=spec.top_k, max_tokens=spec.max_tokens, logprobs=0,
                                 seed=spec.seed, output_kind=RequestOutputKind.FINAL_ONLY)
+        if self.drafting and prompt_len is not None and prompt_len < len(prompt_ids):
+            self.drafting.proposer.continues(key, prompt_len)
         rid = self.llm.llm_engine.add_request(key, TokensPrompt(prompt_token_ids=list(prompt_ids)),
                                               params)
         self._stream_keys[rid] = key

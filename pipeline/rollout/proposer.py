@@ -87,6 +87,7 @@ class RhymeProposer:
         self.max_spec_tokens = int(vllm_config.speculative_config.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self._runner: Any = None
+        self._prompt_lens: dict[str, int] = {}  # continued requests: original prompt length
         self.drafter: GroupDrafter | None = None
         self.budget: DraftBudget | None = None
         self._active: dict[Hashable, None] = {}  # running requests, in start order
@@ -97,6 +98,20 @@ class RhymeProposer:
 
     def bind(self, runner: Any, drafter: GroupDrafter, budget: DraftBudget) -> None:
         self._runner, self.drafter, self.budget = runner, drafter, budget
+
+    def continues(self, request_id: str, prompt_len: int) -> None:
+        """The request `request_id` (as given to vLLM) continues a response: only its first
+        `prompt_len` tokens are the prompt, the rest is output so far (a chunk placed on
+        this engine by the scheduler). Drafting then keys it by the original prompt, so
+        history and siblings still apply."""
+        self._prompt_lens[request_id] = int(prompt_len)
+
+    def _original_prompt_len(self, req_id: str, n_prompt: int) -> int:
+        if not self._prompt_lens:
+            return n_prompt
+        # vLLM appends "-<8 random characters>" to the request id it was given
+        external = req_id.rsplit("-", 1)[0] if isinstance(req_id, str) else req_id
+        return min(n_prompt, self._prompt_lens.pop(external, n_prompt))
 
     def load_model(self, *args, **kwargs) -> None:
         """No draft model (vLLM may call this on every proposer)."""
@@ -181,6 +196,7 @@ class RhymeProposer:
             if req_id not in active:
                 num_tokens = int(num_tokens_no_spec[i])
                 n_prompt = int(batch.num_prompt_tokens[batch.req_id_to_index[req_id]])
+                n_prompt = self._original_prompt_len(req_id, n_prompt)
                 drafter.start(req_id, token_ids_cpu[i, :n_prompt].tolist(),
                               token_ids_cpu[i, n_prompt:num_tokens].tolist())
                 active[req_id] = None

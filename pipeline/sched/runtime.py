@@ -153,7 +153,8 @@ def rollout(engine, prompts: Sequence[list[int]], groups: Sequence[GroupWork], s
                 seed = None if spec.seed is None else \
                     spec.seed + g * spec.n + s + 1_000_003 * a["chunk"]
                 engine.submit(f"{g}:{s}:{a['chunk']}", list(prompts[g]) + list(prefix),
-                              replace(spec, n=1, max_tokens=budget, seed=seed))
+                              replace(spec, n=1, max_tokens=budget, seed=seed),
+                              prompt_len=len(prompts[g]))
                 times.chunks += 1
                 times.migrated_in += bool(prefix)
             seen = assigned
