@@ -58,6 +58,12 @@ def test_seer_moves_requests_between_workers(placed):
     assert placed["seer"]["migrations"] > 0
 
 
+def test_the_store_does_not_grow_from_step_to_step(placed):
+    """Every assignment and event is deleted by its reader, the counters after the step."""
+    keys = placed["store_keys"]
+    assert len(keys) == 3 and len(set(keys)) == 1
+
+
 def test_bench_sched_measures_real_workers(tiny_model, tmp_path):
     """`rhymectl bench sched RUN_DIR --workers 2` (no --simulate) on a 2-epoch run: every
     policy but oracle runs on two torchrun ranks; the report carries the simulator's

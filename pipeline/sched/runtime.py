@@ -13,7 +13,8 @@ rank 0, its port shared with a broadcast over the process group):
     done        set by the coordinator when the dispatcher is empty and nothing runs
 
 A value is always written before its counter is raised, so whoever sees the counter finds
-the value. A chunk that stops at its token budget without finishing goes back to the
+the value; its reader deletes it, and rank 0 deletes the counters after the step, so the
+store holds only work in flight however long the run. A chunk that stops at its token budget without finishing goes back to the
 dispatcher (`chunk_done(..., finished=False)`), which continues it on the same or another
 worker: the continuation re-prefills prompt + partial output and samples the rest, so the
 response keeps the distribution it would have had in one piece (only the random stream
@@ -147,6 +148,7 @@ def rollout(engine, prompts: Sequence[list[int]], groups: Sequence[GroupWork], s
             assigned = int(channel.add(f"an/{rank}", 0))
             for k in range(seen, assigned):
                 a = json.loads(channel.get(f"a/{rank}/{k}"))
+                channel.delete_key(f"a/{rank}/{k}")  # the store only holds work in flight
                 g, s, prefix = a["g"], a["s"], a["prefix"]
                 remaining = spec.max_tokens - len(prefix)
                 budget = remaining if a["budget"] is None else min(a["budget"], remaining)
@@ -189,7 +191,10 @@ def rollout(engine, prompts: Sequence[list[int]], groups: Sequence[GroupWork], s
     times.passes = engine.last_passes
     times.generated, times.requests = engine.last_output
     result = [coordinator.result() if coordinator else None]
-    dist.broadcast_object_list(result, src=0)
+    dist.broadcast_object_list(result, src=0)  # every rank has left its loop
+    if rank == 0:
+        for key in ["done"] + [f"{c}/{w}" for c in ("an", "en") for w in range(world)]:
+            channel.delete_key(key)
     groups_out, makespan, migrations = result[0]
     all_times = [None] * world
     dist.all_gather_object(all_times, times)
@@ -214,6 +219,7 @@ class _Coordinator:
             count = int(self.channel.add(f"en/{w}", 0))
             for k in range(self.read[w], count):
                 self._event(w, json.loads(self.channel.get(f"e/{w}/{k}")))
+                self.channel.delete_key(f"e/{w}/{k}")
                 freed.add(w)
             self.read[w] = count
         if freed:

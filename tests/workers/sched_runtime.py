@@ -9,7 +9,7 @@ from pipeline.config.schema import ModelConfig, RolloutConfig
 from pipeline.loop import dist
 from pipeline.rollout.engine import RolloutEngine, SamplingSpec
 from pipeline.sched.placement import make_policy
-from pipeline.sched.runtime import rollout
+from pipeline.sched.runtime import rollout, store
 from pipeline.sched.work import GroupWork, PlacementParams
 from pipeline.tasks.base import get_task
 
@@ -25,7 +25,7 @@ def main(model: str, out: str) -> None:
     # deliberately poor predictions: the scheduler must cope with them
     groups = [GroupWork(r["id"], 2, float(8 + 4 * i), known=i % 2 == 0) for i, r in enumerate(rows)]
     spec = SamplingSpec(n=2, temperature=0.0, max_tokens=64, seed=3)
-    result = {}
+    result = {"store_keys": []}
     for name in ("static", "histopipe", "seer"):
         policy = make_policy(name, PlacementParams(chunk_tokens=8, migrate_gap=1, capacity=4))
         r = rollout(engine, prompts, groups, spec, policy, capacity=4)
@@ -36,6 +36,8 @@ def main(model: str, out: str) -> None:
             "migrations": r.migrations, "chunks": [w.chunks for w in r.workers],
             "busy": [w.busy_s for w in r.workers], "makespan": r.makespan_s,
             "bubble": r.bubble_ratio}
+        dist.barrier()
+        result["store_keys"].append(store().num_keys())
     if rank == 0:
         plain = engine.generate(prompts, spec)
         result["plain"] = [[c.token_ids for c in g] for g in plain]
