@@ -29,16 +29,24 @@ def launch(cfg: Config, config_path: Path, overrides: list[str], resume: bool, f
     return run(cfg, resume, force, console)
 
 
-def spawn(config_path: Path, overrides: list[str], resume: bool, force: bool, nproc: int,
-          json_out: bool) -> None:
+def torchrun_command(nproc: int, module: str, *args: str) -> list[str]:
+    """`python -m module args` on `nproc` local ranks under torchrun."""
     from pipeline.loop.dist import free_port
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-           "--master_addr=127.0.0.1", f"--master_port={free_port()}",
-           "-m", "rhymectl", "train", str(config_path), *overrides]
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+            "--master_addr=127.0.0.1", f"--master_port={free_port()}", "-m", module, *args]
+
+
+def torchrun_env() -> dict[str, str]:
+    """Each rank keeps its vLLM engine in-process and one OpenMP thread per rank."""
+    return dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1")
+
+
+def spawn(config_path: Path, overrides: list[str], resume: bool, force: bool, nproc: int,
+          json_out: bool) -> None:
+    cmd = torchrun_command(nproc, "rhymectl", "train", str(config_path), *overrides)
     cmd += ["--resume"] * resume + ["--force"] * force + ["--json"] * json_out
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1")
-    code = subprocess.call(cmd, env=env)
+    code = subprocess.call(cmd, env=torchrun_env())
     if code == 2:
         sys.exit(2)  # a rank already printed the usage error
     if code:

@@ -92,7 +92,6 @@ class RolloutEngine:
         id, timing and finish reason, and greedy decoding (which vLLM restricts to n=1 under
         speculation) needs no special case.
         """
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         requests, params = [], []
@@ -100,33 +99,37 @@ class RolloutEngine:
             for k in range(spec.n):
                 requests.append(TokensPrompt(prompt_token_ids=list(ids)))
                 seed = None if spec.seed is None else spec.seed + p_idx * spec.n + k
-                params.append(SamplingParams(
-                    n=1, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
-                    max_tokens=spec.max_tokens, logprobs=0, seed=seed))
-        if self.drafting:
-            self.drafting.before(prompts, spec.n)
-        self.meter.start()
-        started = time.monotonic()  # vLLM's engine-core timestamps are monotonic
+                params.append(_params(spec, seed))
+        started = self._begin(prompts, spec.n)
         try:
             outputs = self.llm.generate(requests, params, use_tqdm=False)
         finally:
             self.last_passes = self.meter.stop()
-        if self.drafting:
-            self.drafting.after(self.last_passes)
         groups: list[list[Completion]] = [[] for _ in prompts]
         for i, out in enumerate(outputs):
             groups[i // spec.n].append(_completion(out, started))
-        self.last_output = (sum(len(c.token_ids) for g in groups for c in g), len(outputs))
+        self._end((sum(len(c.token_ids) for g in groups for c in g), len(outputs)))
         return groups
+
+    def _begin(self, prompts: Sequence[list[int]], n: int) -> float:
+        """Announce the groups to the drafter and start counting passes; returns the start
+        time on vLLM's engine-core clock (monotonic)."""
+        if self.drafting:
+            self.drafting.before(prompts, n)
+        self.meter.start()
+        return time.monotonic()
+
+    def _end(self, output: tuple[int, int]) -> None:
+        """After the last pass: (generated tokens, requests) of the rollout."""
+        self.last_output = output
+        if self.drafting:
+            self.drafting.after()
 
     # -- streaming (requests added and finished one by one; see pipeline.sched.runtime) ---
     def open_stream(self, prompts: Sequence[list[int]], n: int) -> None:
         """Start a rollout whose requests arrive through `submit` (the groups' prompts are
         announced to the drafter, as `generate` does)."""
-        if self.drafting:
-            self.drafting.before(prompts, n)
-        self.meter.start()
-        self._stream_started = time.monotonic()
+        self._stream_started = self._begin(prompts, n)
         self._stream_keys: dict[str, str] = {}
         self._stream_output = [0, 0]
 
@@ -136,13 +139,10 @@ class RolloutEngine:
 
         prompt_len: when the request continues a response, the length of the original
         prompt within `prompt_ids` (the rest is the output so far), for the drafter."""
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        params = SamplingParams(n=1, temperature=spec.temperature, top_p=spec.top_p,
-                                top_k=spec.top_k, max_tokens=spec.max_tokens, logprobs=0,
-                                seed=spec.seed, output_kind=RequestOutputKind.FINAL_ONLY)
+        params = _params(spec, spec.seed, output_kind=RequestOutputKind.FINAL_ONLY)
         if self.drafting and prompt_len is not None and prompt_len < len(prompt_ids):
             self.drafting.proposer.continues(key, prompt_len)
         rid = self.llm.llm_engine.add_request(key, TokensPrompt(prompt_token_ids=list(prompt_ids)),
@@ -169,9 +169,7 @@ class RolloutEngine:
 
     def close_stream(self) -> None:
         self.last_passes = self.meter.stop()
-        self.last_output = tuple(self._stream_output)
-        if self.drafting:
-            self.drafting.after(self.last_passes)
+        self._end(tuple(self._stream_output))
 
     def spec_metrics(self) -> dict[str, float]:
         """Speculation in the last `generate`, the same accounting for every method (see
@@ -243,6 +241,14 @@ class RolloutEngine:
     def wake(self) -> None:
         if torch.cuda.is_available():
             self.llm.wake_up()
+
+
+def _params(spec: SamplingSpec, seed: int | None, **extra):
+    """vLLM sampling parameters of one response (n=1), with its logprobs."""
+    from vllm import SamplingParams
+
+    return SamplingParams(n=1, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
+                          max_tokens=spec.max_tokens, logprobs=0, seed=seed, **extra)
 
 
 def _completion(out, started: float) -> Completion:

@@ -26,8 +26,7 @@ steps. Until attached it drafts nothing. vLLM types are never imported: the prop
 from __future__ import annotations
 
 import time
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Hashable, Sequence
 
 import numpy as np
@@ -53,9 +52,8 @@ class ProposerStats:
 
     seq_passes: (request, pass) pairs that emitted tokens after prefill; emitted: their
     tokens; tau = emitted / seq_passes, tokens per target forward pass and sequence (bonus
-    token included); drafted / accepted: draft tokens proposed / accepted; pass_samples:
-    recent (scheduled decode tokens, seconds between propose calls) pairs, for
-    `fit_cost_model`.
+    token included); drafted / accepted: draft tokens proposed / accepted. Pass times
+    and scheduled tokens are counted by the engine's `PassMeter`, for every method.
     """
 
     passes: int = 0
@@ -64,7 +62,6 @@ class ProposerStats:
     drafted: int = 0
     accepted: int = 0
     propose_seconds: float = 0.0
-    pass_samples: deque = field(default_factory=lambda: deque(maxlen=512))
 
     @property
     def tau(self) -> float:
@@ -92,8 +89,6 @@ class RhymeProposer:
         self.budget: DraftBudget | None = None
         self._active: dict[Hashable, None] = {}  # running requests, in start order
         self._proposed: dict[Hashable, int] = {}  # req -> draft tokens handed out last pass
-        self._last_call: float | None = None
-        self._last_scheduled = 0
         self.stats = ProposerStats()
 
     def bind(self, runner: Any, drafter: GroupDrafter, budget: DraftBudget) -> None:
@@ -126,8 +121,6 @@ class RhymeProposer:
             return [[] for _ in range(rows)]
         start = time.perf_counter()
         stats = self.stats
-        if self._last_call is not None:
-            stats.pass_samples.append((self._last_scheduled, start - self._last_call))
         req_ids = self._runner.input_batch.req_ids
         if len(req_ids) != rows:
             req_ids = req_ids[:rows]
@@ -164,9 +157,7 @@ class RhymeProposer:
                 self._stop(req_id)
         stats.passes += 1
         stats.drafted += drafted
-        self._last_scheduled = rows + drafted
-        self._last_call = time.perf_counter()
-        stats.propose_seconds += self._last_call - start
+        stats.propose_seconds += time.perf_counter() - start
         return out
 
     # -- lifecycle --------------------------------------------------------------------
@@ -176,7 +167,6 @@ class RhymeProposer:
             self._stop(req_id)
         if self.drafter is not None:
             self.drafter.end_step()
-        self._last_call = None
 
     def reset_stats(self) -> ProposerStats:
         """Return the counters so far and start new ones."""

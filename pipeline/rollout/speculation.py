@@ -79,10 +79,10 @@ class Drafting:
         for ids in prompts:
             self.drafter.expect_group(ids, n)
 
-    def after(self, passes=None) -> None:
-        """End of one `generate` (`passes`: the engine's meter counts, unused for now: a
-        linear refit over a full batch's small passes prices verification too high on CPU,
-        see `pipeline.spec.budget.CostModel`)."""
+    def after(self) -> None:
+        """End of one `generate`. (The budget's cost model is not refitted from measured
+        passes: a linear refit over a full batch's small passes prices verification too
+        high on CPU, see `pipeline.spec.budget.CostModel`.)"""
         self.proposer.end_step()
 
     def remember(self, records: Sequence) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ from pipeline.errors import RuntimeFailure
 
 def run_real(run_dir: Path, setup) -> tuple[dict, dict]:
     """({policy: SimResult-shaped result}, {"policies": {name: extra}, "cost_model": ..})."""
-    from pipeline.loop.dist import free_port
+    from pipeline.loop.launch import torchrun_command, torchrun_env
     from pipeline.sched.simulator import SimResult
 
     out = Path(run_dir) / "report" / ".bench-sched-real.json"
@@ -22,11 +21,8 @@ def run_real(run_dir: Path, setup) -> tuple[dict, dict]:
     args = [str(run_dir), str(out), ",".join(setup.policies), setup.spec,
             str(setup.requests_per_worker), str(setup.chunk_tokens), str(setup.capacity),
             str(setup.seed)] + ([] if setup.epoch is None else [str(setup.epoch)])
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={setup.workers}",
-           "--master_addr=127.0.0.1", f"--master_port={free_port()}",
-           "-m", "pipeline.sched.bench_real", *args]
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1")
-    code = subprocess.call(cmd, env=env, stdout=sys.stderr)  # stdout: the --json object
+    cmd = torchrun_command(setup.workers, "pipeline.sched.bench_real", *args)
+    code = subprocess.call(cmd, env=torchrun_env(), stdout=sys.stderr)  # stdout: the --json object
     if code or not out.is_file():
         raise RuntimeFailure(f"bench sched on {setup.workers} real workers failed (exit {code})")
     report = json.loads(out.read_text())
