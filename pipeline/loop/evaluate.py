@@ -3,15 +3,16 @@ per-step training reward (whose batches differ in difficulty)."""
 
 from __future__ import annotations
 
+from pipeline import distributed as dist
 from pipeline.config import Config
-from pipeline.loop import dist, rollouts
+from pipeline.loop import rollouts
 from pipeline.loop.batches import Prompt
-from pipeline.rollout.engine import SamplingSpec
+from pipeline.rollout.engine import Sampling
+from pipeline.tasks.data import build_task_dataset, load_user_dataset
 
 
 def eval_prompts(cfg: Config, train_ids: set[str]) -> list[Prompt]:
     """Built-in task: fresh prompts never trained on; user data: `data.eval_path`, if set."""
-    from pipeline.tasks.data import build_task_dataset, load_user_dataset
 
     d = cfg.data
     if d.path is not None:
@@ -30,10 +31,10 @@ def eval_prompts(cfg: Config, train_ids: set[str]) -> list[Prompt]:
 def evaluate(ctx, prompts: list[Prompt]) -> dict:
     """Greedy accuracy and reward over `prompts`, split over the ranks."""
     share = prompts[ctx.rank:: ctx.world_size]
-    spec = SamplingSpec(n=1, temperature=0.0, max_tokens=ctx.cfg.rollout.max_tokens)
+    greedy = Sampling(n=1, temperature=0.0, max_tokens=ctx.cfg.rollout.max_tokens)
     rewards: list[float] = []
     if share:
-        done = rollouts.generate(ctx.engine, ctx.tokenizer, share, spec)
+        done = rollouts.generate(ctx.engine, ctx.tokenizer, share, greedy)
         rollouts.score(done, ctx.reward_fn)
         rewards = [r.reward for r in done]
     everything = [r for part in dist.all_gather(rewards) for r in part]

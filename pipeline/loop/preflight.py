@@ -12,6 +12,7 @@ from pathlib import Path
 from pipeline.config import Config
 from pipeline.errors import UsageError
 from pipeline.policy.checks import check_model_dir
+from pipeline.tasks.data import build_task_dataset, load_user_dataset, resolve_reward
 
 
 def preflight(cfg: Config, world_size: int) -> dict:
@@ -44,7 +45,6 @@ def check_world(cfg: Config, world_size: int) -> None:
 
 def load_prompts(cfg: Config):
     """The training prompts as a `datasets.Dataset` with columns id, prompt, answer."""
-    from pipeline.tasks.data import build_task_dataset, load_user_dataset
 
     d = cfg.data
     if d.path is not None:
@@ -53,8 +53,6 @@ def load_prompts(cfg: Config):
 
 
 def resolve_reward_name(cfg: Config) -> str:
-    from pipeline.tasks.data import resolve_reward
-
     name = cfg.data.reward or cfg.data.task
     if name is None:
         raise UsageError("data.reward is not set; name a built-in task's reward (sort, reverse) "

@@ -4,7 +4,7 @@
   split by position into W contiguous, equal shares.
 - histopipe: RhymeRL's first tier. Groups are ranked by predicted length and dealt longest
   first to the worker with the least predicted time so far (LPT on
-  `pipeline.sched.cost.LoadEstimate`, so every worker gets the same predicted work in
+  `pipeline.sched.load.LoadEstimate`, so every worker gets the same predicted work in
   seconds); siblings stay together, which group drafting needs. Odd steps mirror the
   worker order, so the worker that got the longest group gets the shortest end next step.
   Online, a response that runs past `migrate_factor` times its prediction moves to a
@@ -25,7 +25,7 @@ import numpy as np
 
 from pipeline.errors import UsageError
 from pipeline.sched.seer import SeerPolicy
-from pipeline.sched.work import (Chunk, Cluster, Dispatcher, Placement, PlacementParams, Request,
+from pipeline.sched.types import (Chunk, Cluster, Dispatcher, Placement, PlacementParams, Request,
                                  check_workers, longest_first, lpt, place_continuation,
                                  requests_of)
 
