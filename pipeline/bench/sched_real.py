@@ -33,7 +33,6 @@ from pipeline.bench.sched import BenchSetup, step_groups
 from pipeline.config import load_config
 from pipeline.costs import SCHED_COST, fit, tail_s
 from pipeline.history import index
-from pipeline.loop.preflight import load_prompts
 from pipeline.loop.sched_runtime import rollout
 from pipeline.loop.step import sampling
 from pipeline.rollout.engine import RolloutEngine
@@ -41,6 +40,7 @@ from pipeline.sched.placement import make_policy
 from pipeline.sched.simulator import SimConfig, SimResult, simulate
 from pipeline.sched.trace import trace_from_history
 from pipeline.sched.types import PlacementParams
+from pipeline.tasks.prompts import distinct, train_rows
 from pipeline.train import checkpoint
 
 
@@ -54,7 +54,7 @@ def main(argv: list[str]) -> None:
                        chunk_tokens=int(chunk), epoch=int(rest[0]) if rest else None, seed=int(seed))
     groups, floor = step_groups(trace_from_history(run_dir), setup)
     groups = [replace(g, lengths=None) for g in groups]  # real runs find out the lengths
-    text = {row["id"]: row["prompt"] for row in load_prompts(cfg)}
+    text = {p.id: p.text for p in distinct(train_rows(cfg.data))}
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(cfg.model.path)

@@ -35,10 +35,9 @@ from pipeline.bench.spec_plan import Plan
 from pipeline.costs import CostModel
 from pipeline.errors import RuntimeFailure, UsageError
 from pipeline.history.store import HistoryStore, prompt_hash
-from pipeline.loop.evaluate import eval_prompts
-from pipeline.loop.preflight import load_prompts
 from pipeline.loop.step import sampling
 from pipeline.rollout.engine import RolloutEngine
+from pipeline.tasks.prompts import distinct, eval_prompts, train_rows
 
 PER_METHOD_KEYS = ("tau", "accept_rate", "passes", "scheduled_tokens", "rollout_s", "tok_per_s",
                    "speedup", "floor_s", "identical")
@@ -93,7 +92,7 @@ def build_work(plan: Plan, tokenizer) -> list[EpochWork]:
     """Epoch 1 .. E-1 of the plan's run: prompts per step and the history before each."""
 
     store = HistoryStore(plan.run_dir, readonly=True)
-    text = {row["id"]: row["prompt"] for row in load_prompts(plan.cfg)}
+    text = {p.id: p.text for p in distinct(train_rows(plan.cfg.data))}
     records = store.read_all()
     work = []
     for e in range(1, plan.epochs):
@@ -142,7 +141,7 @@ def warmup_prompts(plan: Plan, tokenizer) -> list[list[int]]:
     generates them once before measuring, so no method pays the CPU kernels' first-shape
     costs inside its measurement. Empty for a user data set without data.eval_path."""
 
-    held_out = eval_prompts(plan.cfg, set())[: plan.cfg.data.train_batch_size]
+    held_out = eval_prompts(plan.cfg.data, set())[: plan.cfg.data.train_batch_size]
     return [tokenizer(p.text)["input_ids"] for p in held_out]
 
 

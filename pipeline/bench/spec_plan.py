@@ -19,8 +19,8 @@ from pipeline.errors import UsageError
 from pipeline.history.store import HistoryStore
 from pipeline.loop.batches import PromptSource
 from pipeline.loop.launch import run_subprocess
-from pipeline.loop.preflight import load_prompts
 from pipeline.loop.rundir import config_fingerprint
+from pipeline.tasks.prompts import train_rows
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ def make_plan(cfg: Config, epochs: int, run_dir: Path | None) -> Plan:
     if epochs < 2:
         raise UsageError(f"--epochs {epochs}: need at least 2 (epoch 0 builds the history the "
                          f"later epochs draft from)")
-    source = PromptSource(list(load_prompts(cfg)), cfg.data.train_batch_size, cfg.data.seed,
+    source = PromptSource(list(train_rows(cfg.data)), cfg.data.train_batch_size, cfg.data.seed,
                           cfg.data.shuffle)
     run_dir = Path(run_dir) if run_dir is not None else Path(f"{cfg.run.dir}-bench-spec")
     return Plan(cfg, run_dir, epochs, source.steps_per_epoch)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pipeline.config.schema import SpecConfig
 from pipeline.costs import DRAFT_COST, CostModel
 from pipeline.drafting.budget import BudgetConfig
-from pipeline.drafting.drafter import DrafterConfig
+from pipeline.drafting.inputs import DrafterConfig
 
 DRAFTER_METHODS = ("history", "group", "history+group")  # served by GroupDrafter
 

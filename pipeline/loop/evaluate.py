@@ -4,28 +4,9 @@ per-step training reward (whose batches differ in difficulty)."""
 from __future__ import annotations
 
 from pipeline import distributed as dist
-from pipeline.config import Config
 from pipeline.loop import rollouts
-from pipeline.loop.batches import Prompt
 from pipeline.rollout.engine import Sampling
-from pipeline.tasks.data import build_task_dataset, load_user_dataset
-
-
-def eval_prompts(cfg: Config, train_ids: set[str]) -> list[Prompt]:
-    """Built-in task: fresh prompts never trained on; user data: `data.eval_path`, if set."""
-
-    d = cfg.data
-    if d.path is not None:
-        if d.eval_path is None:
-            return []
-        rows = load_user_dataset(d.eval_path, d.split, d.prompt_key, d.answer_key)
-    else:
-        rows = build_task_dataset(d.task, d.eval_size * 3, d.seed + 7919)
-    seen: dict[str, Prompt] = {}
-    for row in rows:
-        if row["id"] not in train_ids:
-            seen.setdefault(row["id"], Prompt(row["id"], row["prompt"], row["answer"]))
-    return list(seen.values())[: d.eval_size]
+from pipeline.tasks.prompts import Prompt
 
 
 def evaluate(ctx, prompts: list[Prompt]) -> dict:

@@ -8,8 +8,8 @@ from typing import Callable, Sequence
 import torch
 
 from pipeline.history.store import RolloutRecord, prompt_hash
-from pipeline.loop.batches import Prompt
 from pipeline.rollout.engine import Completion, RolloutEngine, Sampling
+from pipeline.tasks.prompts import Prompt
 from pipeline.train import grpo
 from pipeline.train.actor import Batch
 

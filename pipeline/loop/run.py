@@ -20,13 +20,13 @@ from pipeline.history import index
 from pipeline.history.store import HistoryStore
 from pipeline.loop import rundir
 from pipeline.loop.batches import PromptSource
-from pipeline.loop.evaluate import eval_prompts, evaluate
+from pipeline.loop.evaluate import evaluate
 from pipeline.loop.metrics import MetricsLog
-from pipeline.loop.preflight import load_prompts
 from pipeline.loop.scheduled import ScheduledRollout
 from pipeline.loop.step import rl_step
 from pipeline.rollout.engine import RolloutEngine
 from pipeline.tasks.data import resolve_reward
+from pipeline.tasks.prompts import eval_prompts, train_rows
 from pipeline.train import checkpoint
 from pipeline.train.actor import Actor
 
@@ -89,7 +89,7 @@ def setup(cfg: Config, rank: int, world: int, resume: bool, force: bool) -> Cont
         rundir.start(cfg, resume, force)
     dist.barrier()
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-    prompts = PromptSource(list(load_prompts(cfg)), cfg.data.train_batch_size, cfg.data.seed,
+    prompts = PromptSource(list(train_rows(cfg.data)), cfg.data.train_batch_size, cfg.data.seed,
                            cfg.data.shuffle)
     reward_fn = resolve_reward(cfg.data.reward or cfg.data.task, cfg.data.partial_credit)
     actor = Actor(cfg, world)
@@ -98,7 +98,7 @@ def setup(cfg: Config, rank: int, world: int, resume: bool, force: bool) -> Cont
                            cfg.spec)
     ctx = Context(cfg, rank, world, engine, actor, tokenizer, prompts, reward_fn, run_dir)
     ctx.scheduler = ScheduledRollout.maybe(cfg, world, run_dir)
-    ctx.eval_set = eval_prompts(cfg, {p.id for p in prompts.prompts})
+    ctx.eval_set = eval_prompts(cfg.data, {p.id for p in prompts.prompts})
     if rank == 0:
         ctx.history = HistoryStore(run_dir)
         ctx.metrics = MetricsLog(run_dir)

@@ -87,7 +87,7 @@ class Drafting:
 
     def remember(self, records: Sequence) -> None:
         """Add one step's rollout records (all ranks') to the per-prompt history."""
-        from pipeline.drafting.drafter import history_from_records
+        from pipeline.drafting.inputs import history_from_records
 
         by_prompt = history_from_records(records)
         epoch = {r.prompt_hash: r.epoch for r in records}
@@ -103,7 +103,7 @@ class Drafting:
         """Refill the per-prompt window from a history index (`HistoryIndex.responses()`:
         prompt hash -> [(epoch, token ids, reward)], oldest first), e.g. after a resume.
         Returns the prompts loaded."""
-        from pipeline.drafting.drafter import HistoryResponse
+        from pipeline.drafting.inputs import HistoryResponse
 
         for key, rows in responses.items():
             window = self._epochs[key]

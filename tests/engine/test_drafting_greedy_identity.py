@@ -37,7 +37,8 @@ def run_greedy_identity(model_dir) -> dict:
     from pipeline.rollout.meter import PassMeter
     from pipeline.rollout.proposer import attach, speculative_config
     from pipeline.drafting.budget import BudgetConfig, DraftBudget
-    from pipeline.drafting.drafter import DrafterConfig, GroupDrafter, HistoryResponse
+    from pipeline.drafting.drafter import GroupDrafter
+    from pipeline.drafting.inputs import DrafterConfig, HistoryResponse
     from pipeline.tasks.base import get_task
 
     cpu_sampler_fix.apply()

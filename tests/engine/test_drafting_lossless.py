@@ -83,7 +83,8 @@ def run_lossless(model_dir) -> dict:
     from pipeline.rollout import cpu_sampler_fix
     from pipeline.rollout.proposer import attach, speculative_config
     from pipeline.drafting.budget import BudgetConfig, DraftBudget
-    from pipeline.drafting.drafter import DrafterConfig, GroupDrafter, HistoryResponse
+    from pipeline.drafting.drafter import GroupDrafter
+    from pipeline.drafting.inputs import DrafterConfig, HistoryResponse
     from pipeline.tasks.base import get_task
 
     was = rejection_sampler.expand_batch_to_tokens

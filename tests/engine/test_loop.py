@@ -94,14 +94,13 @@ def test_vllm_after_training_matches_transformers_on_the_trained_weights(uninter
 
     from pipeline.config import load_config
     from pipeline.loop.batches import PromptSource
-    from pipeline.loop.evaluate import eval_prompts
-    from pipeline.loop.preflight import load_prompts
+    from pipeline.tasks.prompts import eval_prompts, train_rows
     from pipeline.policy.sft import greedy_generate
     from pipeline.tasks.data import resolve_reward
 
     cfg = load_config(uninterrupted / "config.yaml")
-    train_ids = {p.id for p in PromptSource(list(load_prompts(cfg)), 4, cfg.data.seed).prompts}
-    prompts = eval_prompts(cfg, train_ids)
+    train_ids = {p.id for p in PromptSource(list(train_rows(cfg.data)), 4, cfg.data.seed).prompts}
+    prompts = eval_prompts(cfg.data, train_ids)
     policy = uninterrupted / "checkpoints/step-000002/policy"
     texts = greedy_generate(AutoModelForCausalLM.from_pretrained(policy),
                             AutoTokenizer.from_pretrained(policy), [p.text for p in prompts], 48)

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from pipeline.history.store import RolloutRecord, prompt_hash
-from pipeline.drafting.drafter import DrafterConfig, GroupDrafter, HistoryResponse, history_from_records
+from pipeline.drafting.drafter import GroupDrafter
+from pipeline.drafting.inputs import DrafterConfig, HistoryResponse, history_from_records
 from pipeline.drafting.suffix_tree import SuffixTree
 
 P = [90, 91, 92, 93]  # a prompt

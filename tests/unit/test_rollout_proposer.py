@@ -15,7 +15,8 @@ from pipeline.history.store import prompt_hash
 from pipeline.rollout.proposer import RhymeProposer, attach, speculative_config
 from pipeline.costs import CostModel
 from pipeline.drafting.budget import BudgetConfig, DraftBudget
-from pipeline.drafting.drafter import DrafterConfig, GroupDrafter, HistoryResponse
+from pipeline.drafting.drafter import GroupDrafter
+from pipeline.drafting.inputs import DrafterConfig, HistoryResponse
 
 P = [90, 91, 92, 93]
 RESPONSE = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]

@@ -367,3 +367,12 @@ def test_resolve_reward_imports_module_functions(tmp_path, monkeypatch):
     message = usage_error(data.resolve_reward, "my_rewards_mod:two_args")
     assert "cannot be called as fn(prompt, response, answer)" in message
     assert "is not module:function" in usage_error(data.resolve_reward, "my_rewards_mod:")
+
+
+def test_distinct_prompts_keep_the_first_row_per_id_and_leave_out_excluded_ids():
+    from pipeline.tasks.prompts import Prompt, distinct
+
+    rows = [{"id": "a", "prompt": "p1", "answer": "x"}, {"id": "b", "prompt": "p2", "answer": "y"},
+            {"id": "a", "prompt": "other", "answer": "z"}, {"id": "c", "prompt": "p3", "answer": "w"}]
+    assert distinct(rows) == [Prompt("a", "p1", "x"), Prompt("b", "p2", "y"), Prompt("c", "p3", "w")]
+    assert [p.id for p in distinct(rows, exclude={"b"})] == ["a", "c"]
