@@ -51,7 +51,8 @@ from pipeline.history.store import prompt_hash  # noqa: E402
 from pipeline.rollout.proposer import RhymeProposer, attach  # noqa: E402
 from pipeline.costs import CostModel  # noqa: E402
 from pipeline.drafting.budget import BudgetConfig, DraftBudget  # noqa: E402
-from pipeline.drafting.drafter import DrafterConfig, GroupDrafter, HistoryResponse  # noqa: E402
+from pipeline.drafting.drafter import GroupDrafter  # noqa: E402
+from pipeline.drafting.inputs import DrafterConfig, HistoryResponse  # noqa: E402
 
 FULL_ROWS = 200  # passes with more rows count as full-batch passes
 TAIL_ROWS = 32  # passes with fewer rows count as tail passes
