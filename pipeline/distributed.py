@@ -4,8 +4,10 @@ gets a one-rank group, so every run takes the same code path."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -63,3 +65,31 @@ def barrier() -> None:
 def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+class CoordinationStore:
+    """A key-value store that every rank reads and writes without collectives: a
+    torch.distributed `TCPStore` hosted by rank 0 on a free port, which the ranks learn over
+    the process group. Every rank constructs it together (a broadcast); the run that creates
+    it owns it. A blocking `get` gives up after `timeout_s` seconds.
+
+    `channel()` hands out a fresh key namespace (a `PrefixStore`) per use, so one use never
+    reads another's keys.
+    """
+
+    def __init__(self, timeout_s: float):
+        rank = dist.get_rank()
+        port = [free_port() if rank == 0 else 0]
+        dist.broadcast_object_list(port, src=0)
+        self.timeout_s = timeout_s
+        self.store = dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"), port[0],
+                                   dist.get_world_size(), is_master=rank == 0,
+                                   timeout=timedelta(seconds=timeout_s))
+        self._uses = itertools.count()
+
+    def channel(self, name: str) -> dist.PrefixStore:
+        """A namespace of its own: `name/<n>/` for the n-th channel of this store."""
+        return dist.PrefixStore(f"{name}/{next(self._uses)}", self.store)
+
+    def num_keys(self) -> int:
+        return self.store.num_keys()

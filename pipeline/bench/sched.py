@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 from pipeline.errors import UsageError
 from pipeline.sched.load import SPEC_COST_MODELS
-from pipeline.sched.placement import make_policy
+from pipeline.sched.placement import make_policy, step_params
 from pipeline.sched.predictor import LengthPredictor
 from pipeline.sched.simulator import SimConfig, SimResult, simulate
 from pipeline.sched.trace import Trace, draw_groups
-from pipeline.sched.types import GroupWork, PlacementParams
+from pipeline.sched.types import GroupWork
 
 METRICS = ("makespan_s", "ideal_s", "makespan_over_ideal", "bubble_ratio", "tail_s")
 
@@ -35,8 +35,8 @@ class BenchSetup:
     seed: int = 0
 
 
-def step_groups(trace: Trace, setup: BenchSetup) -> tuple[list[GroupWork], float]:
-    """The simulated step, and the length floor for the placement (`typical_max`)."""
+def step_groups(trace: Trace, setup: BenchSetup) -> tuple[list[GroupWork], LengthPredictor]:
+    """The step's groups and the predictor of the epochs before it."""
     epochs = trace.epochs()
     epoch = trace.step_epoch() if setup.epoch is None else setup.epoch
     if epoch not in epochs:
@@ -50,7 +50,7 @@ def step_groups(trace: Trace, setup: BenchSetup) -> tuple[list[GroupWork], float
     drawn = draw_groups(pool, setup.workers * setup.requests_per_worker, setup.seed)
     groups = [GroupWork(g.group_id, len(g.lengths), predictor.predict(g.group_id),
                         predictor.known(g.group_id), g.lengths) for g in drawn]
-    return groups, predictor.typical_max(setup.requests_per_worker)
+    return groups, predictor
 
 
 def run_bench(trace: Trace, setup: BenchSetup) -> dict[str, SimResult]:
@@ -59,11 +59,11 @@ def run_bench(trace: Trace, setup: BenchSetup) -> dict[str, SimResult]:
         raise ValueError(f"spec {setup.spec!r} is not simulated; choose from "
                          f"{', '.join(SPEC_COST_MODELS)}")
     cost = SPEC_COST_MODELS[setup.spec]
-    groups, floor = step_groups(trace, setup)
+    groups, predictor = step_groups(trace, setup)
     config = SimConfig(workers=setup.workers, capacity=setup.capacity,
                        prompt_tokens=setup.prompt_tokens, cost=cost)
-    params = PlacementParams(chunk_tokens=setup.chunk_tokens, cost=cost, capacity=setup.capacity,
-                             length_floor=floor)
+    params = step_params(predictor, setup.requests_per_worker, chunk_tokens=setup.chunk_tokens,
+                         capacity=setup.capacity, cost=cost)
     return {name: simulate(make_policy(name, params), groups, config) for name in setup.policies}
 
 

@@ -32,14 +32,14 @@ from pipeline.atomic import write_json_atomic
 from pipeline.bench.sched import BenchSetup, step_groups
 from pipeline.config import load_config
 from pipeline.costs import SCHED_COST, fit, tail_s
+from pipeline.distributed import CoordinationStore
 from pipeline.history import index
 from pipeline.loop.sched_runtime import rollout
 from pipeline.loop.step import sampling
 from pipeline.rollout.engine import RolloutEngine
-from pipeline.sched.placement import make_policy
+from pipeline.sched.placement import make_policy, step_params
 from pipeline.sched.simulator import SimConfig, SimResult, simulate
 from pipeline.sched.trace import trace_from_history
-from pipeline.sched.types import PlacementParams
 from pipeline.tasks.prompts import distinct, train_rows
 from pipeline.train import checkpoint
 
@@ -52,7 +52,7 @@ def main(argv: list[str]) -> None:
     setup = BenchSetup(policies=tuple(policies.split(",")), workers=world, spec=spec_method,
                        capacity=int(capacity), requests_per_worker=int(rpw),
                        chunk_tokens=int(chunk), epoch=int(rest[0]) if rest else None, seed=int(seed))
-    groups, floor = step_groups(trace_from_history(run_dir), setup)
+    groups, predictor = step_groups(trace_from_history(run_dir), setup)
     groups = [replace(g, lengths=None) for g in groups]  # real runs find out the lengths
     text = {p.id: p.text for p in distinct(train_rows(cfg.data))}
     from transformers import AutoTokenizer
@@ -69,10 +69,12 @@ def main(argv: list[str]) -> None:
         if loaded is not None:
             engine.drafting.load_history(loaded.responses(as_arrays=True))
     step_sampling = replace(sampling(cfg, 0), n=groups[0].n)
-    params = PlacementParams(chunk_tokens=setup.chunk_tokens, capacity=setup.capacity,
-                             length_floor=floor)
+    params = step_params(predictor, setup.requests_per_worker, chunk_tokens=setup.chunk_tokens,
+                         capacity=setup.capacity)
     # warm-up (unmeasured): CPU kernels see their shapes once before any policy is timed
-    rollout(engine, prompts, groups, step_sampling, make_policy("static", params), capacity=setup.capacity)
+    store = CoordinationStore(cfg.sched.store_timeout_s)
+    rollout(engine, prompts, groups, step_sampling, make_policy("static", params), store=store,
+            capacity=setup.capacity)
     # one request on its own: seconds per generated token (speculation included)
     alone = engine.generate([prompts[0]], replace(step_sampling, n=1, max_tokens=64))[0][0]
     decode_s = sum(s for _, s, prefill in engine.last_passes.samples if not prefill)
@@ -83,7 +85,7 @@ def main(argv: list[str]) -> None:
         if name == "oracle":
             continue
         r = rollout(engine, prompts, groups, step_sampling, make_policy(name, params),
-                    capacity=setup.capacity, step=setup.seed)
+                    store=store, capacity=setup.capacity, step=setup.seed)
         finish = [[c.finish_s for c in g] for g in r.groups]
         lens = [[len(c.token_ids) for c in g] for g in r.groups]
         busy = sum(w.busy_s for w in r.workers)

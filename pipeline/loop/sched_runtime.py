@@ -3,8 +3,8 @@
 Every rank is a worker with its own in-process vLLM engine, fed request by request. Rank 0
 is also the coordinator: it holds the placement policy's `Dispatcher` (the global queue;
 `pipeline.sched.types`) and sees the workers through a `Cluster` whose `assign` posts a
-chunk to that worker. Coordination goes through a torch.distributed `TCPStore` (hosted by
-rank 0, its port shared with a broadcast over the process group):
+chunk to that worker. Coordination goes through the run's `CoordinationStore` (a torch.distributed
+`TCPStore` hosted by rank 0; `pipeline.distributed`), one key namespace per rollout:
 
     a/<w>/<k>   k-th chunk assigned to worker w  (JSON: group, sample, prefix, tokens)
     an/<w>      how many chunks worker w was assigned (a counter: store.add)
@@ -27,20 +27,19 @@ drawn from: each chunk is sampled by the same policy weights with the same setti
 
 from __future__ import annotations
 
-import itertools
 import json
 import time
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
+import torch.distributed as dist
+
 from pipeline.costs import bubble_ratio
-from pipeline.distributed import free_port
+from pipeline.distributed import CoordinationStore
 from pipeline.rollout.engine import Completion
 from pipeline.sched.types import Chunk, Dispatcher, GroupWork, Placement, Request
 
 POLL_S = 0.0005  # idle wait between store polls
-_CALLS = itertools.count()
-_STORE = None
 
 
 @dataclass
@@ -69,23 +68,6 @@ class StepRollout:
     @property
     def bubble_ratio(self) -> float:
         return bubble_ratio([w.busy_s for w in self.workers], self.makespan_s)
-
-
-def store():
-    """The process-wide TCPStore (created on first use, every rank calling together)."""
-    global _STORE
-    if _STORE is None:
-        import os
-
-        import torch.distributed as dist
-
-
-        port = [free_port() if dist.get_rank() == 0 else 0]
-        dist.broadcast_object_list(port, src=0)
-        _STORE = dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"), port[0],
-                               dist.get_world_size(), is_master=dist.get_rank() == 0,
-                               timeout=__import__("datetime").timedelta(seconds=900))
-    return _STORE
 
 
 class _RemoteCluster:
@@ -124,18 +106,15 @@ class _RemoteCluster:
 
 
 def rollout(engine, prompts: Sequence[list[int]], groups: Sequence[GroupWork], sampling,
-            placement: Placement, *, capacity: int, step: int = 0) -> StepRollout:
+            placement: Placement, *, store: CoordinationStore, capacity: int,
+            step: int = 0) -> StepRollout:
     """Run the step's `sampling.n` responses per prompt over all ranks under `placement`.
 
     prompts[g] are the token ids of groups[g]; every rank passes the same arguments.
+    store: the run's coordination store (every rank's own handle on it).
     """
-    import torch.distributed as dist
-
     rank, world = dist.get_rank(), dist.get_world_size()
-    call = next(_CALLS)
-    from torch.distributed import PrefixStore
-
-    channel = PrefixStore(f"rollout/{call}", store())
+    channel = store.channel("rollout")
     dispatcher = placement.dispatcher(groups, world, step) if rank == 0 else None
     engine.open_stream(prompts, sampling.n)
     dist.barrier()
@@ -255,4 +234,4 @@ class _Coordinator:
         return out, makespan, self.cluster.migrations
 
 
-__all__ = ["StepRollout", "WorkerTimes", "rollout", "store"]
+__all__ = ["StepRollout", "WorkerTimes", "rollout"]

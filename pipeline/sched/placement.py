@@ -23,7 +23,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from pipeline.costs import SCHED_COST, CostModel
 from pipeline.errors import UsageError
+from pipeline.sched.predictor import LengthPredictor
 from pipeline.sched.seer import SeerPolicy
 from pipeline.sched.types import (Chunk, Cluster, Dispatcher, Placement, PlacementParams, Request,
                                  check_workers, longest_first, lpt, place_continuation,
@@ -143,6 +145,15 @@ def make_policy(name: str, params: PlacementParams = PlacementParams()) -> Place
                          f"{', '.join(POLICIES)}") from None
 
 
+def step_params(predictor: LengthPredictor, requests_per_worker: int, *, chunk_tokens: int,
+                capacity: int, cost: CostModel = SCHED_COST) -> PlacementParams:
+    """The one way a step's placement is parameterised, by training and by both benches:
+    `length_floor` is the length the longest of a worker's `requests_per_worker` responses
+    probably reaches anyway (`LengthPredictor.typical_max`)."""
+    return PlacementParams(chunk_tokens=chunk_tokens, cost=cost, capacity=capacity,
+                           length_floor=predictor.typical_max(requests_per_worker))
+
+
 def resolve_policy_name(name: str, workers: int) -> str:
     """sched.policy `auto` means seer when there is more than one rollout worker."""
     if name == "auto":
@@ -151,4 +162,4 @@ def resolve_policy_name(name: str, workers: int) -> str:
 
 
 __all__ = ["POLICIES", "HistoPipePolicy", "ListDispatcher", "OraclePolicy", "SeerPolicy",
-           "StaticPolicy", "make_policy", "policy_names", "resolve_policy_name"]
+           "StaticPolicy", "make_policy", "policy_names", "resolve_policy_name", "step_params"]

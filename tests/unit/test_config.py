@@ -175,6 +175,7 @@ RULES = {
     "spec.min_path_prob": ("0", "0.0", FRACTION),
     "spec.max_cached_prompts": ("0", "0", POSITIVE),
     "sched.chunk_tokens": ("0", "0", POSITIVE),
+    "sched.store_timeout_s": ("0", "0.0", POSITIVE),
     "sched.sim_requests_per_worker": ("0", "0", POSITIVE),
     "train.total_steps": ("0", "0", POSITIVE),
     "train.lr": ("0", "0.0", POSITIVE),

@@ -9,6 +9,7 @@ import pytest
 from pipeline.errors import UsageError
 from pipeline.history.store import HistoryStore, RolloutRecord
 from pipeline.bench.sched import BenchSetup, step_groups
+from pipeline.sched.placement import step_params
 from pipeline.sched.trace import Trace, TraceGroup, draw_groups, read_trace, trace_from_history
 
 
@@ -110,11 +111,12 @@ def test_step_groups_predicts_from_earlier_epochs_and_checks_workers(tmp_path):
     rows = ["group,length,epoch", "a,10,0", "a,30,0", "a,100,1", "b,7,1", "c,1,1", "d,2,1"]
     path = write(tmp_path, "t.csv", "\n".join(rows) + "\n")
     trace = read_trace(path)
-    groups, floor = step_groups(trace, BenchSetup(policies=(), workers=2, requests_per_worker=2))
+    groups, predictor = step_groups(trace, BenchSetup(policies=(), workers=2, requests_per_worker=2))
     by_id = {g.prompt_id: g for g in groups}
     assert by_id["a"].predicted == 20.0 and by_id["a"].known and by_id["a"].lengths == (100,)
     assert by_id["b"].predicted == 20.0 and not by_id["b"].known  # fallback: the median
-    assert floor == 20.0  # (1 - 1/2) quantile of the recorded 10 and 30
+    params = step_params(predictor, 2, chunk_tokens=64, capacity=256)
+    assert params.length_floor == 20.0  # (1 - 1/2) quantile of the recorded 10 and 30
     with pytest.raises(UsageError) as exc:
         step_groups(trace, BenchSetup(policies=(), workers=5))
     assert str(exc.value) == (f"--workers 5 is larger than the 4 requests of {path} (epoch 1); "

@@ -5,11 +5,11 @@ placed by every policy over the ranks, with chunks small enough that requests co
 import json
 import sys
 
-from pipeline.config.schema import ModelConfig, RolloutConfig
 from pipeline import distributed as dist
+from pipeline.config.schema import ModelConfig, RolloutConfig, SchedConfig
+from pipeline.loop.sched_runtime import rollout
 from pipeline.rollout.engine import RolloutEngine, Sampling
 from pipeline.sched.placement import make_policy
-from pipeline.loop.sched_runtime import rollout, store
 from pipeline.sched.types import GroupWork, PlacementParams
 from pipeline.tasks.base import get_task
 
@@ -25,10 +25,11 @@ def main(model: str, out: str) -> None:
     # deliberately poor predictions: the scheduler must cope with them
     groups = [GroupWork(r["id"], 2, float(8 + 4 * i), known=i % 2 == 0) for i, r in enumerate(rows)]
     sampling = Sampling(n=2, temperature=0.0, max_tokens=64, seed=3)
+    store = dist.CoordinationStore(SchedConfig().store_timeout_s)
     result = {"store_keys": []}
     for name in ("static", "histopipe", "seer"):
         policy = make_policy(name, PlacementParams(chunk_tokens=8, migrate_gap=1, capacity=4))
-        r = rollout(engine, prompts, groups, sampling, policy, capacity=4)
+        r = rollout(engine, prompts, groups, sampling, policy, store=store, capacity=4)
         result[name] = {
             "tokens": [[c.token_ids for c in g] for g in r.groups],
             "logprobs": [[len(c.logprobs) for c in g] for g in r.groups],
@@ -37,7 +38,7 @@ def main(model: str, out: str) -> None:
             "busy": [w.busy_s for w in r.workers], "makespan": r.makespan_s,
             "bubble": r.bubble_ratio}
         dist.barrier()
-        result["store_keys"].append(store().num_keys())
+        result["store_keys"].append(store.num_keys())
     if rank == 0:
         plain = engine.generate(prompts, sampling)
         result["plain"] = [[c.token_ids for c in g] for g in plain]
