@@ -15,6 +15,7 @@ from typing import Callable, ContextManager, Protocol
 
 from pipeline import distributed as dist
 from pipeline.config import Config
+from pipeline.config.methods import method
 from pipeline.errors import UsageError
 from pipeline.history import index
 from pipeline.history.store import HistoryStore
@@ -140,7 +141,7 @@ def restore_drafting(ctx: Context) -> None:
     corrupt or foreign one stops the run (one line, exit 2) rather than being used."""
 
     drafting = ctx.engine.drafting
-    if drafting is None or not drafting.spec.method.startswith("history"):
+    if drafting is None or not method(drafting.spec.method).history:
         return
     cfg = ctx.cfg
     present = (ctx.run_dir / index.INDEX_DIR).is_dir()

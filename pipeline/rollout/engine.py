@@ -15,6 +15,7 @@ from typing import Iterable, Sequence
 
 import torch
 
+from pipeline.config.methods import method
 from pipeline.config.schema import ModelConfig, RolloutConfig, SpecConfig
 from pipeline.rollout import speculation
 from pipeline.rollout.meter import PassCounts, PassMeter
@@ -77,7 +78,7 @@ class RolloutEngine:
         self.llm = LLM(**kwargs)
         self.loaded_version = 0
         self.drafting = None
-        if spec is not None and spec.method in ("history", "group", "history+group"):
+        if spec is not None and method(spec.method).drafter:
             self.drafting = speculation.Drafting(self.model_runner(), spec)
         self.speculating = spec is not None and spec.method != "none"
         self.meter = PassMeter(self.model_runner())
