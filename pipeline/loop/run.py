@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, ContextManager, Protocol
 
@@ -21,6 +20,7 @@ from pipeline.history import index
 from pipeline.history.store import HistoryStore
 from pipeline.loop import rundir
 from pipeline.loop.batches import PromptSource
+from pipeline.loop.context import Context
 from pipeline.loop.evaluate import evaluate
 from pipeline.loop.metrics import MetricsLog
 from pipeline.loop.scheduled import ScheduledRollout
@@ -42,27 +42,6 @@ class StepView(Protocol):
 
 # (total steps, steps already done) -> a context manager that yields a StepView
 ViewFactory = Callable[[int, int], ContextManager[StepView]]
-
-
-@dataclass
-class Context:
-    cfg: Config
-    rank: int
-    world_size: int
-    engine: object
-    actor: object
-    tokenizer: object
-    prompts: PromptSource
-    reward_fn: object
-    run_dir: Path
-    policy_version: int = 0
-    start_step: int = 0
-    history: HistoryStore | None = None
-    scheduler: object = None  # ScheduledRollout when the batch is placed over several ranks
-    metrics: MetricsLog | None = None
-    evals: MetricsLog | None = None
-    eval_set: list = field(default_factory=list)
-    summary: dict = field(default_factory=dict)
 
 
 def run(cfg: Config, resume: bool, force: bool, view: ViewFactory | None = None) -> dict:
@@ -94,9 +73,7 @@ def setup(cfg: Config, rank: int, world: int, resume: bool, force: bool) -> Cont
                            cfg.data.shuffle)
     reward_fn = resolve_reward(cfg.data.reward or cfg.data.task, cfg.data.partial_credit)
     actor = Actor(cfg, world)
-    engine = RolloutEngine(cfg.model, cfg.rollout,
-                           cfg.data.max_prompt_length + cfg.rollout.max_tokens, cfg.run.seed,
-                           cfg.spec)
+    engine = RolloutEngine.from_config(cfg)
     ctx = Context(cfg, rank, world, engine, actor, tokenizer, prompts, reward_fn, run_dir)
     ctx.scheduler = ScheduledRollout.maybe(cfg, world, run_dir)
     ctx.eval_set = eval_prompts(cfg.data, {p.id for p in prompts.prompts})
