@@ -12,6 +12,8 @@ set -euo pipefail
 CONFIG=${1:?usage: sbatch slurm.sh CONFIG [key=value ...]}; shift
 HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 export VLLM_ENABLE_V1_MULTIPROCESSING=0   # the engine lives in the trainer's process
+# Fail in seconds, with one line, on a bad config, data set, model, vLLM release or TP size.
+rhymectl train "$CONFIG" "$@" --nproc $((SLURM_NNODES * 8)) --dry-run > /dev/null
 srun torchrun \
   --nnodes="$SLURM_NNODES" --nproc_per_node=8 \
   --rdzv_id="$SLURM_JOB_ID" --rdzv_backend=c10d --rdzv_endpoint="$HEAD:29500" \

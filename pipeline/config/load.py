@@ -190,6 +190,13 @@ def _coerce(value: Any, hint) -> tuple[bool, Any, str]:
             return True, None, "null"
         ok, v, allowed = _coerce(value, args[0])
         return ok, v, allowed + " or null"
+    if origin is tuple:  # tuple[X, ...]: a YAML list, each item an X
+        item = get_args(hint)[0]
+        allowed = "a list of " + _coerce(None, item)[2].removeprefix("one of ")
+        if not isinstance(value, (list, tuple)):
+            return False, value, allowed
+        items = [_coerce(v, item) for v in value]
+        return all(ok for ok, _, _ in items), tuple(v for _, v, _ in items), allowed
     if hint is bool:
         return isinstance(value, bool), value, "true or false"
     if hint is int:

@@ -73,7 +73,8 @@ class RolloutConfig:
     kv_cache_gib: float = positive(1.0)  # VLLM_CPU_KVCACHE_SPACE on CPU
     enforce_eager: bool = True
     max_num_seqs: int = positive(256)
-    tensor_parallel_size: int = positive(1)
+    tensor_parallel_size: int = positive(1)  # ranks per vLLM engine (a TP group)
+    allow_untested_vllm: bool = False  # run on a vLLM release other than the tested one
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,10 @@ class RunConfig:
     keep_checkpoints: int = positive(2)
     eval_every: int = non_negative(0)  # steps; 0 = before the first step and after the last only
     threads: int = non_negative(0)  # torch threads per rank; 0 = leave torch's default
+    # metrics.jsonl is always written; console = the live view, tensorboard / wandb are extras
+    loggers: tuple[Literal["jsonl", "console", "tensorboard", "wandb"], ...] = ("jsonl", "console")
+    wandb_project: str = "rhymectl-grpo"
+    wandb_mode: Literal["online", "offline"] = "online"  # offline: no network, `wandb sync` later
 
 
 @dataclass(frozen=True)

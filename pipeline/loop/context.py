@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING
 from pipeline.config import Config
 from pipeline.history.store import HistoryStore
 from pipeline.loop.batches import PromptSource
+from pipeline.loop.loggers import Loggers
 from pipeline.loop.metrics import MetricsLog
 from pipeline.loop.scheduled import ScheduledRollout
+from pipeline.loop.tp_groups import TPLayout
 from pipeline.rollout.contract import RolloutBackend
 from pipeline.tasks.base import RewardFn
 from pipeline.tasks.prompts import Prompt
@@ -41,6 +43,8 @@ class Context:
     evals: MetricsLog | None = None
     eval_set: list[Prompt] = field(default_factory=list)
     summary: dict = field(default_factory=dict)
+    loggers: Loggers | None = None  # rank 0: TensorBoard / W&B
+    tp: TPLayout | None = None  # which ranks share one vLLM engine
 
 
 __all__ = ["Context"]

@@ -6,19 +6,22 @@ from __future__ import annotations
 from pipeline import distributed as dist
 from pipeline.loop import rollouts
 from pipeline.loop.context import Context
+from pipeline.loop.tp_groups import TPLayout
 from pipeline.rollout.contract import Sampling
 from pipeline.tasks.prompts import Prompt
 
 
 def evaluate(ctx: Context, prompts: list[Prompt]) -> dict:
-    """Greedy accuracy and reward over `prompts`, split over the ranks."""
-    share = prompts[ctx.rank:: ctx.world_size]
+    """Greedy accuracy and reward over `prompts`, split over the engines (TP groups; the
+    ranks of a group generate the same share and only its leader counts it)."""
+    tp = ctx.tp or TPLayout(ctx.world_size)
+    share = prompts[tp.group_of(ctx.rank):: tp.groups]
     greedy = Sampling(n=1, temperature=0.0, max_tokens=ctx.cfg.rollout.max_tokens)
     rewards: list[float] = []
     if share:
         done = rollouts.generate(ctx.engine, ctx.tokenizer, share, greedy)
         rollouts.score(done, ctx.reward_fn)
-        rewards = [r.reward for r in done]
+        rewards = [r.reward for r in done] if tp.is_leader(ctx.rank) else []
     everything = [r for part in dist.all_gather(rewards) for r in part]
     n = max(1, len(everything))
     return {"prompts": len(everything), "reward_mean": sum(everything) / n,

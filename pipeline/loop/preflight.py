@@ -7,12 +7,16 @@ data set or model directory costs a second and writes nothing.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from pipeline.config import Config, ConfigError
 from pipeline.errors import UsageError
+from pipeline.loop import loggers, tp_groups
 from pipeline.policy.checks import check_model_dir
+from pipeline.rollout.versions import check_vllm
 from pipeline.tasks.data import resolve_reward
+from pipeline.tasks.math_rewards import REWARDS
 from pipeline.tasks.prompts import train_rows
 
 
@@ -31,9 +35,14 @@ def preflight(cfg: Config, world_size: int) -> dict:
 
     for problem in world_problems(cfg, world_size):
         problems.append(problem)
+    attempt(check_vllm, cfg.rollout.allow_untested_vllm)
+    attempt(check_tp, cfg, world_size)
+    attempt(loggers.check, cfg.run.loggers)
     model_dir = attempt(check_model_dir, cfg.model.path)
     dataset = attempt(train_rows, cfg.data)
     reward_name = attempt(resolve_reward_name, cfg)
+    if dataset is not None and reward_name is not None:
+        attempt(check_references, reward_name, dataset, cfg.data.path or cfg.data.task)
     context = longest = None
     if model_dir is not None:
         context = attempt(model_context, model_dir)
@@ -61,11 +70,32 @@ def world_problems(cfg: Config, world_size: int) -> list[str]:
             if value % world_size]
 
 
+def check_tp(cfg: Config, world_size: int) -> None:
+    """The TP groups against the ranks (LOCAL_WORLD_SIZE under torchrun) and the batch."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    tp_groups.check(cfg.rollout.tensor_parallel_size, world_size, local,
+                    cfg.data.train_batch_size, cfg.train.ppo_mini_batch_size)
+
+
+def check_references(reward_name: str, dataset, source: str) -> None:
+    """Every reference answer must be usable by a built-in math reward (gsm8k, math)."""
+    if reward_name not in REWARDS:
+        return
+    _, usable, shape = REWARDS[reward_name]
+    answers = dataset["answer"]
+    bad = [i for i, a in enumerate(answers) if not usable(a)]
+    if bad:
+        raise UsageError(f"{len(bad)} of {len(answers)} answers of {source!r} are not usable by "
+                         f"the {reward_name} reward (first at row {bad[0]}: "
+                         f"{answers[bad[0]][:40]!r}); it needs {shape}: check data.answer_key")
+
+
 def resolve_reward_name(cfg: Config) -> str:
     name = cfg.data.reward or cfg.data.task
     if name is None:
-        raise UsageError("data.reward is not set; name a built-in task's reward (sort, reverse) "
-                         "or a module:function(prompt, response, answer) -> float")
+        raise UsageError("data.reward is not set; name a built-in reward (gsm8k, math), a "
+                         "built-in task's reward (sort, reverse) or a module:function(prompt, "
+                         "response, answer) -> float")
     resolve_reward(name)
     return name
 

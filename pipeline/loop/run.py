@@ -25,6 +25,8 @@ from pipeline.loop.evaluate import evaluate
 from pipeline.loop.metrics import MetricsLog
 from pipeline.loop.scheduled import ScheduledRollout
 from pipeline.loop.step import rl_step
+from pipeline.loop.loggers import Loggers
+from pipeline.loop.tp_groups import TPLayout
 from pipeline.rollout.engine import RolloutEngine
 from pipeline.tasks.data import resolve_reward
 from pipeline.tasks.prompts import eval_prompts, train_rows
@@ -75,7 +77,8 @@ def setup(cfg: Config, rank: int, world: int, resume: bool, force: bool) -> Cont
     actor = Actor(cfg, world)
     engine = RolloutEngine.from_config(cfg)
     ctx = Context(cfg, rank, world, engine, actor, tokenizer, prompts, reward_fn, run_dir)
-    ctx.scheduler = ScheduledRollout.maybe(cfg, world, run_dir)
+    ctx.tp = TPLayout(world, cfg.rollout.tensor_parallel_size)
+    ctx.scheduler = ScheduledRollout.maybe(cfg, ctx.tp, run_dir)
     ctx.eval_set = eval_prompts(cfg.data, {p.id for p in prompts.prompts})
     if rank == 0:
         ctx.history = HistoryStore(run_dir)
@@ -83,6 +86,8 @@ def setup(cfg: Config, rank: int, world: int, resume: bool, force: bool) -> Cont
         ctx.evals = MetricsLog(run_dir, EVAL_FILE)
     if resume:
         restore(ctx)
+    if rank == 0:
+        ctx.loggers = Loggers.open(cfg, run_dir, ctx.start_step, resume)
     return ctx
 
 
@@ -141,7 +146,8 @@ def train(ctx: Context, view_factory: ViewFactory | None = None) -> None:
     total = cfg.train.total_steps
     started = time.time()
     last: dict = {}
-    show = view_factory if ctx.rank == 0 and view_factory is not None else None
+    console_on = "console" in cfg.run.loggers
+    show = view_factory if ctx.rank == 0 and view_factory is not None and console_on else None
     if ctx.start_step == 0:
         run_eval(ctx, 0)
     with show(total, ctx.start_step) if show else nullcontext() as view:
@@ -163,9 +169,12 @@ def train(ctx: Context, view_factory: ViewFactory | None = None) -> None:
                     result.metrics[f"eval_{key}"] = value
             if ctx.rank == 0:
                 ctx.metrics.append(result.metrics)
+                ctx.loggers.log(result.metrics)
                 if view is not None:
                     view.update(result.metrics)
             last = result.metrics
+    if ctx.loggers:
+        ctx.loggers.close()
     ctx.summary = {"run_dir": str(ctx.run_dir), "steps": total, "last": last,
                    "seconds": round(time.time() - started, 1),
                    "eval": ctx.evals.read() if ctx.evals else []}

@@ -107,27 +107,45 @@ class _RemoteCluster:
 
 def rollout(engine, prompts: Sequence[list[int]], groups: Sequence[GroupWork], sampling,
             placement: Placement, *, store: CoordinationStore, capacity: int,
-            step: int = 0) -> StepRollout:
+            step: int = 0, tp_size: int = 1, tp_group=None) -> StepRollout:
     """Run the step's `sampling.n` responses per prompt over all ranks under `placement`.
 
     prompts[g] are the token ids of groups[g]; every rank passes the same arguments.
     store: the run's coordination store (every rank's own handle on it).
+    With tp_size T > 1 a worker is a TP group of T consecutive ranks sharing one vLLM engine
+    (`tp_group`: this rank's torch.distributed subgroup): only the group's leader talks to
+    the store, and each loop turn it broadcasts what to submit and whether to stop, so every
+    rank of the group feeds its engine shard the same requests and steps it in lockstep.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
+    workers, worker, leader = world // tp_size, rank // tp_size, rank % tp_size == 0
     channel = store.channel("rollout")
-    dispatcher = placement.dispatcher(groups, world, step) if rank == 0 else None
+    dispatcher = placement.dispatcher(groups, workers, step) if rank == 0 else None
     engine.open_stream(prompts, sampling.n)
     dist.barrier()
     started, clock0 = time.time(), time.perf_counter()
     times = WorkerTimes()
-    coordinator = _Coordinator(channel, dispatcher, world, capacity, sampling, started) if rank == 0 else None
+    coordinator = _Coordinator(channel, dispatcher, workers, capacity, sampling, started) if rank == 0 else None
+
+    def in_group(value):
+        """The leader's `value` on every rank of the TP group."""
+        if tp_size == 1:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=worker * tp_size, group=tp_group)
+        return box[0]
+
     seen = posted = 0
     try:
         while True:
-            assigned = int(channel.add(f"an/{rank}", 0))
-            for k in range(seen, assigned):
-                a = json.loads(channel.get(f"a/{rank}/{k}"))
-                channel.delete_key(f"a/{rank}/{k}")  # the store only holds work in flight
+            new = []
+            if leader:
+                assigned = int(channel.add(f"an/{worker}", 0))
+                for k in range(seen, assigned):
+                    new.append(json.loads(channel.get(f"a/{worker}/{k}")))
+                    channel.delete_key(f"a/{worker}/{k}")  # the store only holds work in flight
+                seen = assigned
+            for a in in_group(new):
                 g, s, prefix = a["g"], a["s"], a["prefix"]
                 remaining = sampling.max_tokens - len(prefix)
                 budget = remaining if a["budget"] is None else min(a["budget"], remaining)
@@ -138,7 +156,6 @@ def rollout(engine, prompts: Sequence[list[int]], groups: Sequence[GroupWork], s
                               prompt_len=len(prompts[g]))
                 times.chunks += 1
                 times.migrated_in += bool(prefix)
-            seen = assigned
             if engine.busy():
                 running = engine.running()
                 t0 = time.perf_counter()
@@ -146,23 +163,24 @@ def rollout(engine, prompts: Sequence[list[int]], groups: Sequence[GroupWork], s
                 t1 = time.perf_counter()
                 times.busy_s += t1 - t0
                 times.timeline.append((t0 - clock0, t1 - clock0, running))
-                for key, c in finished:
+                for key, c in finished if leader else ():
                     g, s, _ = (int(x) for x in key.split(":"))
                     event = {"g": g, "s": s, "tokens": c.token_ids, "logprobs": c.logprobs,
                              "finish": c.finish_reason, "gen_s": c.gen_seconds,
                              "t": time.time() - started}
-                    channel.set(f"e/{rank}/{posted}", json.dumps(event))
+                    channel.set(f"e/{worker}/{posted}", json.dumps(event))
                     posted += 1
-                    channel.add(f"en/{rank}", 1)
+                    channel.add(f"en/{worker}", 1)
+            done = False
             if coordinator is not None:
-                if coordinator.tick():
+                done = coordinator.tick()
+                if done:
                     channel.set("done", "1")
-                    break
-            elif not engine.busy():
-                if channel.check(["done"]):
-                    break
-                time.sleep(POLL_S)
-            if coordinator is not None and not engine.busy():
+            elif leader and not engine.busy():
+                done = channel.check(["done"])
+            if in_group(done):
+                break
+            if not engine.busy():
                 time.sleep(POLL_S)
     finally:
         engine.close_stream()
@@ -172,12 +190,12 @@ def rollout(engine, prompts: Sequence[list[int]], groups: Sequence[GroupWork], s
     result = [coordinator.result() if coordinator else None]
     dist.broadcast_object_list(result, src=0)  # every rank has left its loop
     if rank == 0:
-        for key in ["done"] + [f"{c}/{w}" for c in ("an", "en") for w in range(world)]:
+        for key in ["done"] + [f"{c}/{w}" for c in ("an", "en") for w in range(workers)]:
             channel.delete_key(key)
     groups_out, makespan, migrations = result[0]
     all_times = [None] * world
     dist.all_gather_object(all_times, times)
-    return StepRollout(groups_out, all_times, makespan, migrations)
+    return StepRollout(groups_out, all_times[::tp_size], makespan, migrations)
 
 
 class _Coordinator:

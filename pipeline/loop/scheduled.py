@@ -1,4 +1,5 @@
-"""The rollout phase over several rollout workers (ranks) under a placement policy.
+"""The rollout phase over several rollout workers under a placement policy. A worker is
+one vLLM engine: a rank, or a TP group of `rollout.tensor_parallel_size` ranks.
 
 With one rank, or `sched.policy: static`, each rank generates its own contiguous share of
 the batch (veRL's split). Otherwise (`auto` means seer when there is more than one rank)
@@ -21,6 +22,7 @@ from pipeline.loop.batches import shard
 from pipeline.loop.sched_runtime import rollout
 from pipeline.rollout.contract import Sampling
 from pipeline.sched.placement import make_policy, resolve_policy_name, step_params
+from pipeline.loop.tp_groups import new_groups
 from pipeline.sched.predictor import LengthPredictor
 from pipeline.sched.types import GroupWork
 
@@ -29,12 +31,15 @@ if TYPE_CHECKING:  # the context holds this object
 
 
 class ScheduledRollout:
-    """Owns the run's coordination store (created by every rank together)."""
+    """Owns the run's coordination store (created by every rank together). Workers are TP
+    groups (one vLLM engine each; `pipeline.loop.tp_groups`), not ranks."""
 
-    def __init__(self, cfg, world: int, run_dir):
-        self.name = resolve_policy_name(cfg.sched.policy, world)
+    def __init__(self, cfg, tp, run_dir):
+        self.tp = tp
+        self.tp_group = new_groups(tp)  # collective: every rank builds the subgroups
+        self.name = resolve_policy_name(cfg.sched.policy, tp.groups)
         make_policy(self.name)  # an unknown name fails here, at setup
-        self.world = world
+        self.world = tp.groups  # rollout workers
         self.chunk_tokens = cfg.sched.chunk_tokens
         self.capacity = cfg.rollout.max_num_seqs
         self.store = CoordinationStore(cfg.sched.store_timeout_s)
@@ -42,10 +47,11 @@ class ScheduledRollout:
         self.last = None  # the last step's StepRollout
 
     @classmethod
-    def maybe(cls, cfg, world: int, run_dir) -> "ScheduledRollout | None":
-        if world < 2 or resolve_policy_name(cfg.sched.policy, world) == "static":
+    def maybe(cls, cfg, tp, run_dir) -> "ScheduledRollout | None":
+        """tp: the run's TPLayout; None when one engine (or the static split) does it all."""
+        if tp.groups < 2 or resolve_policy_name(cfg.sched.policy, tp.groups) == "static":
             return None
-        return cls(cfg, world, run_dir)
+        return cls(cfg, tp, run_dir)
 
     def load_history(self, run_dir) -> None:
         """After a resume: the lengths of the history the run kept."""
@@ -74,7 +80,8 @@ class ScheduledRollout:
                              capacity=self.capacity)
         self.last = rollout(ctx.engine, prompt_ids, groups, sampling,
                             make_policy(self.name, params), store=self.store,
-                            capacity=self.capacity, step=step)
+                            capacity=self.capacity, step=step, tp_size=self.tp.tp,
+                            tp_group=self.tp_group)
         mine = shard(list(range(len(batch))), ctx.rank, ctx.world_size)
         out = []
         for g in mine:
@@ -84,7 +91,7 @@ class ScheduledRollout:
         return out
 
     def busy_seconds(self, rank: int) -> float:
-        return self.last.workers[rank].busy_s
+        return self.last.workers[self.tp.group_of(rank)].busy_s
 
     def metrics(self) -> dict:
         s = self.last

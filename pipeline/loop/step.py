@@ -11,6 +11,7 @@ from pipeline.loop.batches import shard
 from pipeline.loop.context import Context
 from pipeline.loop.metrics import summarize_lengths
 from pipeline.loop.timer import PhaseTimer
+from pipeline.loop.tp_groups import TPLayout
 from pipeline.rollout.contract import Sampling
 
 
@@ -30,8 +31,7 @@ def rl_step(ctx: Context, step: int) -> StepResult:
     with phases("rollout"):
         ctx.engine.wake()
         if scheduler is None:
-            mine = shard(ctx.prompts.batch(step), ctx.rank, ctx.world_size)
-            group = rollouts.generate(ctx.engine, ctx.tokenizer, mine, sampling(cfg, step))
+            group = static_rollout(ctx, step)
         else:
             group = scheduler.generate(ctx, step, sampling(cfg, step))
         ctx.engine.sleep()
@@ -60,6 +60,19 @@ def rl_step(ctx: Context, step: int) -> StepResult:
     if scheduler:
         metrics.update(scheduler.metrics())
     return StepResult(metrics, records)
+
+
+def static_rollout(ctx, step: int) -> list:
+    """This rank's rollouts under the static split. Each TP group's engine generates the
+    group's share (every rank of the group the same); the rank keeps its own 1/T of it,
+    which is the share it would have had with T = 1 (see `pipeline.loop.tp_groups`)."""
+    tp = ctx.tp or TPLayout(ctx.world_size)
+    share = shard(ctx.prompts.batch(step), tp.group_of(ctx.rank), tp.groups)
+    out = rollouts.generate(ctx.engine, ctx.tokenizer, share, sampling(ctx.cfg, step))
+    if tp.tp == 1:
+        return out
+    mine = {id(p) for p in shard(share, tp.tp_rank(ctx.rank), tp.tp)}
+    return [r for r in out if id(r.prompt) in mine]
 
 
 def sampling(cfg, step: int) -> Sampling:

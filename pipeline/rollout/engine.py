@@ -16,9 +16,25 @@ import torch
 
 from pipeline.config.methods import method
 from pipeline.config.schema import Config, ModelConfig, RolloutConfig, SpecConfig
-from pipeline.rollout import speculation
+from pipeline.rollout import speculation, versions
 from pipeline.rollout.contract import Completion, Sampling
 from pipeline.rollout.meter import PassCounts, PassMeter
+
+
+def check_version(allow_untested: bool) -> None:
+    """Once per process: refuse an untested vLLM (UsageError), or warn when allowed."""
+    global _VERSION_CHECKED
+    if _VERSION_CHECKED:
+        return
+    status = versions.check_vllm(allow_untested)
+    if not status.ok:
+        import sys
+        print(f"warning: running on untested {status.distribution} {status.installed} "
+              f"(rollout.allow_untested_vllm=true; tested: {status.supported})", file=sys.stderr)
+    _VERSION_CHECKED = True
+
+
+_VERSION_CHECKED = False
 
 
 def _prepare_environment(rollout: RolloutConfig) -> None:
@@ -42,6 +58,7 @@ class RolloutEngine:
 
     def __init__(self, model: ModelConfig, rollout: RolloutConfig, max_model_len: int, seed: int,
                  spec: SpecConfig | None = None):
+        check_version(rollout.allow_untested_vllm)
         _prepare_environment(rollout)
         from vllm import LLM
 

@@ -203,15 +203,20 @@ def _normalise(
 def resolve_reward(spec: str, partial_credit: bool = False) -> RewardFn:
     """The reward `fn(prompt, response, answer) -> float` named by `spec`.
 
-    `spec` is a built-in task name (its reward, with `partial_credit` bound) or
-    `module:function` (a dotted attribute path after the colon is allowed).
+    `spec` is a built-in reward (`gsm8k`, `math`: `pipeline.tasks.math_rewards`), a built-in
+    task name (its reward), both with `partial_credit` bound, or `module:function` (a dotted attribute path after the colon is allowed).
     """
     if ":" not in spec:
+        from pipeline.tasks.math_rewards import REWARDS
+
+        if spec in REWARDS:
+            return functools.partial(REWARDS[spec][0], partial_credit=partial_credit)
         if spec in task_names():
             return functools.partial(get_task(spec).reward, partial_credit=partial_credit)
         names = task_names()
         raise UsageError(
-            f"unknown reward {spec!r};{did_you_mean(spec, names)} use a built-in task "
+            f"unknown reward {spec!r};{did_you_mean(spec, sorted(REWARDS) + names)} use a "
+            f"built-in reward ({', '.join(sorted(REWARDS))}), a built-in task "
             f"({', '.join(names)}) or module:function"
         )
     module_name, _, attr_path = spec.partition(":")

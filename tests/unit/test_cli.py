@@ -322,9 +322,12 @@ def test_an_unknown_task_gets_a_did_you_mean(capsys, fake_model):
 
 
 @pytest.mark.parametrize("reward, message", [
-    ("nope", "unknown reward 'nope'; use a built-in task (reverse, sort) or module:function"),
-    ("sortt", "unknown reward 'sortt'; did you mean 'sort'? use a built-in task (reverse, sort) "
-              "or module:function"),
+    ("nope", "unknown reward 'nope'; use a built-in reward (gsm8k, math), a built-in task "
+             "(reverse, sort) or module:function"),
+    ("sortt", "unknown reward 'sortt'; did you mean 'sort'? use a built-in reward (gsm8k, math), "
+              "a built-in task (reverse, sort) or module:function"),
+    ("gsm8", "unknown reward 'gsm8'; did you mean 'gsm8k'? use a built-in reward (gsm8k, math), "
+             "a built-in task (reverse, sort) or module:function"),
     ("no_such_pkg:score", "cannot import module 'no_such_pkg' for reward 'no_such_pkg:score' "
                           "(ModuleNotFoundError: No module named 'no_such_pkg'); check the name "
                           "and that it is on PYTHONPATH"),
@@ -337,8 +340,8 @@ def test_an_unknown_reward(capsys, fake_model, reward, message):
 
 def test_a_user_data_set_needs_a_reward(capsys, tmp_path, fake_model):
     name = write_jsonl(tmp_path / "ok.jsonl", [{"prompt": "sort 21:", "answer": "12"}])
-    assert ("data.reward is not set; name a built-in task's reward (sort, reverse) or a "
-            "module:function(prompt, response, answer) -> float") in problems(
+    assert ("data.reward is not set; name a built-in reward (gsm8k, math), a built-in task's "
+            "reward (sort, reverse) or a module:function(prompt, response, answer) -> float") in problems(
         capsys, f"model.path={fake_model}", f"data.path={name}", "data.task=null")
 
 

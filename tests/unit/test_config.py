@@ -199,6 +199,10 @@ RULES = {
     "train.adv_estimator": ("ppo", "'ppo'", "one of grpo, grpo_no_std"),
     "train.loss_agg_mode": ("sum", "'sum'", "one of token-mean, seq-mean-token-mean"),
     "train.kl_type": ("k3", "'k3'", "one of low_var_kl, k1, k2"),
+    "run.wandb_mode": ("cloud", "'cloud'", "one of online, offline"),
+    # lists
+    "run.loggers": ("[jsonl,tensorbord]", "['jsonl', 'tensorbord']",
+                    "a list of jsonl, console, tensorboard, wandb"),
 }
 
 
@@ -385,7 +389,8 @@ def test_the_gpu_7b_sample_config_validates():
     # Config validation only: preflight would need the 7B model and the data on disk.
     cfg = load_config(GPU_7B)
     assert cfg.data.task is None and cfg.data.path == "/data/gsm8k/train.parquet"
-    assert cfg.data.reward == "mypkg.rewards:gsm8k" and cfg.data.prompt_key == "question"
+    assert cfg.data.reward == "gsm8k" and cfg.data.prompt_key == "prompt"  # built-in reward
+    assert "tensorboard" in cfg.run.loggers
     assert cfg.model.dtype == "bfloat16" and cfg.deepspeed.zero_stage == 3 and cfg.deepspeed.bf16
     assert cfg.train.lr == 1e-6 and cfg.train.clip_ratio_high == 0.28
     assert cfg.data.train_batch_size % cfg.train.ppo_mini_batch_size == 0

@@ -347,7 +347,8 @@ def test_resolve_reward_builtin_binds_partial_credit():
     assert data.resolve_reward("reverse")(REV_PROMPT, "1|10|103|1032|ans 1032", REV_ANSWER) == 1.0
     message = usage_error(data.resolve_reward, "sortt")
     assert message == (
-        "unknown reward 'sortt'; did you mean 'sort'? use a built-in task (reverse, sort) or module:function"
+        "unknown reward 'sortt'; did you mean 'sort'? use a built-in reward (gsm8k, math), a "
+        "built-in task (reverse, sort) or module:function"
     )
 
 
