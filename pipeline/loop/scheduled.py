@@ -20,9 +20,9 @@ from pipeline.history.store import HistoryStore
 from pipeline.loop import rollouts
 from pipeline.loop.batches import shard
 from pipeline.loop.sched_runtime import rollout
+from pipeline.loop.tp_groups import new_groups
 from pipeline.rollout.contract import Sampling
 from pipeline.sched.placement import make_policy, resolve_policy_name, step_params
-from pipeline.loop.tp_groups import new_groups
 from pipeline.sched.predictor import LengthPredictor
 from pipeline.sched.types import GroupWork
 

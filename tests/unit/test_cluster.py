@@ -187,11 +187,14 @@ def test_scheduling_places_work_over_tp_groups(monkeypatch):
     from pipeline.config import load_config
     from pipeline.loop.scheduled import ScheduledRollout
 
-    monkeypatch.setattr(scheduled, "new_groups", lambda layout: None)  # no process group here
+    # no process group here: no TP subgroups, no coordination store
+    monkeypatch.setattr(scheduled, "new_groups", lambda layout: None)
+    monkeypatch.setattr(scheduled, "CoordinationStore", lambda timeout_s: None)
     cfg = load_config(None, ["rollout.tensor_parallel_size=2"])
     assert ScheduledRollout.maybe(cfg, TPLayout(2, 2), None) is None  # one engine: nothing to place
     s = ScheduledRollout.maybe(cfg, TPLayout(4, 2), None)
     assert s is not None and s.name == "seer"  # auto: seer over 2 workers, not 4
+    assert s.world == 2  # the placement's per-worker share is over groups
 
     class Last:
         workers = [type("W", (), {"busy_s": 1.5})(), type("W", (), {"busy_s": 2.5})()]

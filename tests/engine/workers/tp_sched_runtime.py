@@ -6,7 +6,7 @@ Rank 0 writes the outputs and group 0's plain greedy rollout as JSON."""
 import json
 import sys
 
-from pipeline.config.schema import ModelConfig, RolloutConfig
+from pipeline.config.schema import ModelConfig, RolloutConfig, SchedConfig
 from pipeline import distributed as dist
 from pipeline.loop.tp_groups import TPLayout, new_groups
 from pipeline.rollout.engine import RolloutEngine, Sampling
@@ -29,10 +29,12 @@ def main(model: str, out: str) -> None:
     prompts = [tok(r["prompt"])["input_ids"] for r in rows]
     groups = [GroupWork(r["id"], 2, float(8 + 4 * i), known=i % 2 == 0) for i, r in enumerate(rows)]
     spec = Sampling(n=2, temperature=0.0, max_tokens=64, seed=3)
+    store = dist.CoordinationStore(SchedConfig().store_timeout_s)
     result = {}
     for name in ("static", "seer"):
         policy = make_policy(name, PlacementParams(chunk_tokens=8, migrate_gap=1, capacity=4))
-        r = rollout(engine, prompts, groups, spec, policy, capacity=4, tp_size=2, tp_group=group)
+        r = rollout(engine, prompts, groups, spec, policy, store=store, capacity=4,
+                    tp_size=2, tp_group=group)
         result[name] = {"tokens": [[c.token_ids for c in g] for g in r.groups],
                         "workers": len(r.workers), "chunks": [w.chunks for w in r.workers]}
         dist.barrier()
