@@ -61,6 +61,10 @@ def test_grpo_with_tp_groups_and_loggers(tiny_model, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2]
+    # the TP engine samples with the trainer's weights: after step 1's update was pushed into
+    # both shards, step 2's sampler logprobs equal the trainer's (the explicit shard check
+    # is test_one_engine_over_two_ranks)
+    assert all(m["train_sampler_logprob_diff"] < 1e-4 for m in metrics)
     for step in (0, 1):
         rows = pq.read_table(run_dir / "history" / f"step-{step:06d}.parquet").to_pylist()
         assert len(rows) == 4 * 4  # one engine generated the batch once; each rank kept half
