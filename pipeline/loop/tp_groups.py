@@ -62,7 +62,7 @@ def check(tp: int, world: int, local_world: int, batch: int, mini_batch: int) ->
         raise UsageError(f"{key} = {tp} does not divide the {local_world} ranks per node, so a "
                          f"TP group would span nodes; use a divisor of {local_world}")
     layout = TPLayout(world, tp)
-    if batch % layout.groups:
+    if tp > 1 and batch % layout.groups:  # with T = 1 the groups are the ranks: checked there
         raise UsageError(f"data.train_batch_size = {batch} does not divide over the "
                          f"{layout.groups} TP groups ({world} ranks / {key} = {tp}); make it a "
                          f"multiple of {layout.groups}")
