@@ -14,7 +14,7 @@ from pipeline.sched.trace import read_trace
 from rhymectl import cmd_bench
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-METRICS = {"makespan_s", "ideal_s", "makespan_over_ideal", "bubble_ratio", "tail_s"}
+METRICS = {"makespan_s", "ideal_s", "makespan_over_ideal", "over_oracle", "bubble_ratio", "tail_s"}
 
 
 def cli() -> typer.Typer:

@@ -1,0 +1,52 @@
+"""The ideal makespan of one step: a lower bound under the simulator's own cost model.
+
+Every term uses the same `CostModel` (pass cost, tau, where speculation switches on) that
+the policies run under in the simulator, so `makespan / ideal` measures placement, not a
+mismatch between two models. With thr(b) = b * rate(b) the tokens per second a worker
+makes at batch b (not monotone under speculation: it stops above spec_max_batch):
+
+- work: every token at the best throughput a worker reaches at batch sizes up to the
+  even share min(capacity, ceil(N / W)), plus every prompt's prefill, over W workers;
+- pile-up: with lengths sorted l_1 >= l_2 >= ..., some worker holds k + 1 of the
+  k * W + 1 longest requests, each at least l_{kW+1} long. That worker needs at least
+  (k + 1) * l_{kW+1} / max_{b <= k+1} thr(b) seconds plus their prefills. k = 0 is the
+  longest request's own critical path (alone, at the fastest rate); larger k is what
+  bites when many responses hit max_tokens.
+
+Both are lower bounds of any placement's makespan in the fluid model (the work term up to
+the even-share assumption, which is exact when every worker runs its share at once).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from pipeline.sched.cost import CostModel
+
+
+def throughputs(cost: CostModel, up_to: int) -> np.ndarray:
+    """best[b] = max over b' <= b of thr(b') in tokens/s, for b = 0..up_to (best[0] = 0)."""
+    thr = np.array([0.0] + [b * cost.rate(b) for b in range(1, up_to + 1)])
+    return np.maximum.accumulate(thr)
+
+
+def ideal_makespan(lengths: Sequence[int], workers: int, capacity: int, prompt_tokens: int,
+                   cost: CostModel) -> float:
+    """Seconds; lengths: [N] response tokens of the step's requests."""
+    ls = np.sort(np.asarray(lengths, dtype=float))[::-1]
+    n = len(ls)
+    prefill_s = prompt_tokens * cost.per_token_s
+    even = max(1, min(capacity, math.ceil(n / workers)))
+    kmax = (n - 1) // workers  # the largest k with k * W + 1 <= N
+    best = throughputs(cost, max(even, min(capacity, kmax + 1)))
+    work = (ls.sum() / best[even] + n * prefill_s) / workers
+    k = np.arange(kmax + 1)
+    batch = np.minimum(k + 1, capacity)
+    pile = (k + 1) * (ls[k * workers] / best[batch] + prefill_s)
+    return float(max(work, pile.max()))
+
+
+__all__ = ["ideal_makespan", "throughputs"]
