@@ -18,6 +18,7 @@ fallback prediction and is placed like any other.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Callable, Sequence
 
@@ -38,11 +39,16 @@ class ListDispatcher(Dispatcher):
     """
 
     def __init__(self, plan: list[list[Request]], *, chunk_tokens: int | None = None,
-                 overrun: Callable[[Request, int], bool] | None = None, migrate_gap: int = 8):
+                 overrun: Callable[[Request, int], bool] | None = None, migrate_gap: int = 8,
+                 overrun_after: Callable[[Request], float] | None = None):
+        """overrun_after(request): the tokens past which a request overruns (the same
+        rule as `overrun`, in the form the event simulator can skip boundaries with)."""
         self.queues = [deque(p) for p in plan]
         self.chunk_tokens = chunk_tokens
-        self.overrun = overrun
-        self.migrate_gap = migrate_gap
+        if overrun is None and overrun_after is not None:
+            overrun = lambda r, generated: generated > overrun_after(r)  # noqa: E731
+        self.overrun, self.overrun_after = overrun, overrun_after
+        self.migrate_gap = self.quiet_gap = migrate_gap
         self.continuing: list[tuple[Request, int, int]] = []  # (request, worker, generated)
         self.migrations = 0
 
@@ -70,6 +76,14 @@ class ListDispatcher(Dispatcher):
 
     def pending(self) -> int:
         return sum(len(q) for q in self.queues) + len(self.continuing)
+
+    def movable_after(self, request: Request) -> float:
+        if self.overrun is None:
+            return math.inf
+        return -1.0 if self.overrun_after is None else self.overrun_after(request)
+
+    def stuck(self) -> bool:
+        return bool(self.continuing)
 
 
 class StaticPolicy(Placement):
@@ -101,10 +115,10 @@ class HistoPipePolicy(Placement):
     def dispatcher(self, groups, workers, step=0):
         factor = self.params.migrate_factor
 
-        def overrun(request: Request, generated: int) -> bool:
-            return generated > factor * groups[request.group].predicted
+        def overrun_after(request: Request) -> float:
+            return factor * groups[request.group].predicted
 
-        return ListDispatcher(self.assign(groups, workers, step), overrun=overrun,
+        return ListDispatcher(self.assign(groups, workers, step), overrun_after=overrun_after,
                               chunk_tokens=self.params.chunk_tokens,
                               migrate_gap=self.params.migrate_gap)
 

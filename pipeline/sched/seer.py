@@ -41,7 +41,8 @@ def queue_order(groups: Sequence[GroupWork]) -> list[Request]:
 class SeerDispatcher(Dispatcher):
     def __init__(self, groups: Sequence[GroupWork], workers: int, params: PlacementParams):
         self.groups = groups
-        self.chunk_tokens, self.migrate_gap = params.chunk_tokens, params.migrate_gap
+        self.chunk_tokens = params.chunk_tokens
+        self.migrate_gap = self.quiet_gap = params.migrate_gap
         self.load = LoadEstimate(workers, params.cost, params.capacity, params.length_floor)
         self.placed: dict[Request, float] = {}  # predicted length it was placed with
         self.estimate = [g.predicted for g in groups]
@@ -141,6 +142,9 @@ class SeerDispatcher(Dispatcher):
 
     def pending(self) -> int:
         return len(self.probes) + self.unstarted_rest + len(self.continuing)
+
+    def stuck(self) -> bool:
+        return bool(self.continuing)
 
 
 class SeerPolicy(Placement):

@@ -179,15 +179,16 @@ class _Step:
         running = self.running[w]
         if running:
             gap = max(0.0, running[0][0] - self.clock_v[w])
-            heapq.heappush(self.events, (self.clock_t[w] + gap / self.rates[len(running)],
-                                         self.version[w], w))
+            t = self.clock_t[w] + gap / self.rates[len(running)]
+            # events within a nanosecond count as simultaneous: the lower worker goes first
+            heapq.heappush(self.events, (round(t, 9), w, self.version[w], t))
 
     def run(self, dispatcher: Dispatcher) -> None:
         dispatcher.dispatch(self.cluster, range(self.cluster.workers))
         self._flush()
         finished_count = 0
         while self.events:
-            t, version, w = heapq.heappop(self.events)
+            _, w, version, t = heapq.heappop(self.events)  # ties: lowest worker first
             if version != self.version[w]:
                 continue
             self.now = t

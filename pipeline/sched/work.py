@@ -114,6 +114,20 @@ class Dispatcher(ABC):
     `chunk_done`, with the workers whose slots were freed."""
 
     migrations: int = 0
+    # Hints for a simulator that skips chunk boundaries where nothing can happen
+    # (`pipeline.sched.events`). quiet_gap: a continuation stays where it runs unless its
+    # worker runs at least this many more requests than the least-loaded one (None: any
+    # boundary may matter).
+    quiet_gap: int | None = None
+
+    def movable_after(self, request: Request) -> float:
+        """A boundary can move `request` only once it has generated more than this many
+        tokens (math.inf: never; -1: at every boundary)."""
+        return -1.0
+
+    def stuck(self) -> bool:
+        """Continuations wait for a free slot: then any worker's boundary may matter."""
+        return False
 
     @abstractmethod
     def dispatch(self, cluster: Cluster, freed: Sequence[int]) -> None:
