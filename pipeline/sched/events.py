@@ -82,6 +82,9 @@ class _Events:
         self.v0, self.g0, self.step = [0.0] * n, [0] * n, [0] * n
         self.chunk: list[Chunk | None] = [None] * n
         self.seq_of, self.movable = [0] * n, [math.inf] * n
+        # end_id: which entry of its worker's completion heap is the request's current one;
+        # left_v: the worker's virtual clock when the request last stopped at a boundary
+        self.end_id, self.left_v = [0] * n, [math.nan] * n
         self.rates = [0.0] + [self.cost.rate(b) for b in range(1, config.capacity + 1)]
         self.clock_t, self.clock_v = [0.0] * w, [0.0] * w
         self.running: list[dict[int, None]] = [{} for _ in range(w)]  # rid, in admission order
@@ -107,10 +110,19 @@ class _Events:
             self.clock_t[w] = now
 
     def admit(self, w: int, chunk: Chunk) -> None:
-        self.sync(w, self.now)
         group, sample = chunk.request
         rid = self.offset[group] + sample
         done, last = self.generated[rid], self.last_worker[rid]
+        self.sync(w, self.now)
+        if last == w and self.left_v[rid] == self.clock_v[w]:
+            # put back where it stopped, nothing ran since: its completion is unchanged
+            self.seq_of[rid], self.chunk[rid] = next(self.seq), chunk
+            self.v0[rid], self.g0[rid] = self.clock_v[w], done
+            self.running[w][rid] = None
+            if self.movable[rid] < math.inf:
+                self.movers[w] += 1
+                self.next_v[w] = None
+            return
         prefill = self.prompt_tokens if last < 0 else (self.prompt_tokens + done if last != w else 0)
         self.migrations += 0 <= last != w
         if prefill:
@@ -121,13 +133,16 @@ class _Events:
         v = self.clock_v[w]
         self.v0[rid], self.g0[rid], self.chunk[rid] = v, done, chunk
         self.step[rid] = chunk.budget or 0
-        self.seq_of[rid] = seq = next(self.seq)
+        self.seq_of[rid] = next(self.seq)
+        self.end_id[rid] = end_id = next(self.seq)
         self.movable[rid] = self.d.movable_after(chunk.request) if chunk.budget else math.inf
+        if self.movable[rid] >= self.length[rid] - 1:  # it completes before it could move
+            self.movable[rid] = math.inf
         self.running[w][rid] = None
         if self.movable[rid] < math.inf:
             self.movers[w] += 1
             self.next_v[w] = None
-        heapq.heappush(self.ends[w], (v + self.length[rid] - done, seq, rid))
+        heapq.heappush(self.ends[w], (v + self.length[rid] - done, end_id, rid))
 
     # --- which boundaries can matter ------------------------------------------------------
     def candidate(self, w: int, least: int) -> bool:
@@ -161,7 +176,7 @@ class _Events:
     def schedule(self, w: int, boundary: bool) -> None:
         self.version[w] += 1
         ends, running = self.ends[w], self.running[w]
-        while ends and (ends[0][2] not in running or ends[0][1] != self.seq_of[ends[0][2]]):
+        while ends and (ends[0][2] not in running or ends[0][1] != self.end_id[ends[0][2]]):
             heapq.heappop(ends)
         target = ends[0][0] if ends else math.inf
         if boundary:
@@ -217,9 +232,9 @@ class _Events:
             v = self.clock_v[w] = max(self.clock_v[w], self.target_v[w])  # no float drift
             ended, running, ends, tol = [], self.running[w], self.ends[w], EPS * max(1.0, v)
             while ends and ends[0][0] <= v + tol:
-                _, seq, rid = heapq.heappop(ends)
-                if rid in running and seq == self.seq_of[rid]:
-                    ended.append((seq, rid, self.length[rid]))
+                _, end_id, rid = heapq.heappop(ends)
+                if rid in running and end_id == self.end_id[rid]:
+                    ended.append((self.seq_of[rid], rid, self.length[rid]))
             if self.was_candidate[w]:
                 for rid in running:
                     c, v0 = self.step[rid], self.v0[rid]
@@ -234,6 +249,7 @@ class _Events:
             ended.sort()
             for _, rid, _ in ended:
                 del self.running[w][rid]
+                self.left_v[rid] = v
                 self.movers[w] -= self.movable[rid] < math.inf
             self.next_v[w] = None
             self.cluster.changed(w, -len(ended))
