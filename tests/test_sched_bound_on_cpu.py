@@ -88,3 +88,14 @@ def test_every_policy_reports_over_oracle():
         assert r.summary()["over_oracle"] == pytest.approx(r.makespan_s / oracle)
     # static: 6 + 2 + 2 = 10 s on w0; the oracle (LPT) balances 9 and 9
     assert results["static"].over_oracle == pytest.approx(10 / 9)
+
+
+def test_share_bound_when_every_worker_holds_a_longest_response():
+    # four 10-token responses on 2 workers, 1 s a pass + 0.1 s a token: each worker runs
+    # two at once, 10 passes + 20 tokens = 12 s. Pile-up alone says 2 * 10 / thr(2) =
+    # 10 / (1 / 1.2) = 12 too; make the short ones matter: 10, 10, 1, 1 -> 10 + 0.1 * 11
+    cost = CostModel(base_s=1.0, per_token_s=0.1)
+    assert ideal_makespan([10, 10, 10, 10], 2, 256, 0, cost) == pytest.approx(12.0)
+    assert sim("oracle", groups_of(10, 10, 10, 10), 2, cost).makespan_s == pytest.approx(12.0)
+    assert ideal_makespan([10, 10, 1, 1], 2, 256, 0, cost) == pytest.approx(11.1)
+    assert sim("oracle", groups_of(10, 10, 1, 1), 2, cost).makespan_s == pytest.approx(11.1)

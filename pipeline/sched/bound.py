@@ -46,7 +46,37 @@ def ideal_makespan(lengths: Sequence[int], workers: int, capacity: int, prompt_t
     k = np.arange(kmax + 1)
     batch = np.minimum(k + 1, capacity)
     pile = (k + 1) * (ls[k * workers] / best[batch] + prefill_s)
-    return float(max(work, pile.max()))
+    return float(max(work, pile.max(), share_bound(ls, workers, prefill_s, cost)))
 
 
-__all__ = ["ideal_makespan", "throughputs"]
+def share_bound(ls: np.ndarray, workers: int, prefill_s: float, cost: CostModel) -> float:
+    """Seconds: a worker whose longest response is m tokens and who generates t tokens
+    needs at least a * m + c * t (a = base_s / the most tokens a pass gives a request,
+    c = per_token_s * the fewest tokens scheduled per generated token). For a length x
+    with n_x responses at least x long (S_x tokens) on q <= min(W, n_x) workers, the
+    makespan is at least max(a x + c S_x / q, (q a x + c total) / W); the bound is the
+    max over x of its min over q. It is tight when every worker must hold a response as
+    long as the longest (many hit max_tokens): a x + c total / W.
+
+    ls: [N] lengths sorted longest first."""
+    speculating = cost.tau > 1 and (cost.spec_max_batch is None or cost.spec_max_batch >= 1)
+    a = cost.base_s / (cost.tau if speculating else 1.0)
+    c = cost.per_token_s * (min(1.0, (1 + cost.draft_tokens) / cost.tau) if speculating else 1.0)
+    n_x = np.arange(1, len(ls) + 1, dtype=float)
+    s_x = np.cumsum(ls) * c + n_x * prefill_s  # seconds of tokens and prefill at least x long
+    total = s_x[-1]
+    top_q = np.minimum(workers, n_x)
+    # the crossing of the falling a x + s_x / q and the rising (q a x + total) / W
+    ax = a * ls
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # a x q^2 + (total - W a x) q - W s_x = 0
+        lin = total - workers * ax
+        cross = np.where(ax > 0, (-lin + np.sqrt(lin ** 2 + 4 * ax * workers * s_x)) / (2 * ax), top_q)
+    best = np.full(len(ls), np.inf)
+    for q in (np.floor(cross), np.ceil(cross)):
+        q = np.clip(q, 1, top_q)
+        best = np.minimum(best, np.maximum(ax + s_x / q, (q * ax + total) / workers))
+    return float(best.max())
+
+
+__all__ = ["ideal_makespan", "share_bound", "throughputs"]
