@@ -23,7 +23,8 @@ class ScheduledRollout:
 
         self.name = resolve_policy_name(cfg.sched.policy, world)
         self.policy = make_policy(self.name, PlacementParams(
-            chunk_tokens=cfg.sched.chunk_tokens, capacity=cfg.rollout.max_num_seqs))
+            chunk_tokens=cfg.sched.chunk_tokens, capacity=cfg.rollout.max_num_seqs,
+            tier2_workers_frac=cfg.sched.tier2_workers_frac, tier2_max_seqs=cfg.sched.tier2_max_seqs))
         self.capacity = cfg.rollout.max_num_seqs
         self.lengths: dict = defaultdict(lambda: defaultdict(list))
         self.last = None  # the last step's StepRollout

@@ -10,6 +10,8 @@
   Online, a response that runs past `migrate_factor` times its prediction moves to a
   worker running at least `migrate_gap` fewer requests at its next chunk boundary.
 - seer: divided rollout with a global queue (`pipeline/sched/seer.py`).
+- tier2: HistoPipe's second tier: the longest predicted groups on reserved workers, a few
+  sequences each (`pipeline/sched/tier2.py`).
 - oracle: LPT on the true lengths, requests placed one by one; a bound for the bench only.
 
 Every policy places every request exactly once: a prompt never seen before carries the
@@ -140,8 +142,10 @@ class OraclePolicy(Placement):
         return ListDispatcher(self.assign(groups, workers, step))
 
 
+from pipeline.sched.tier2 import Tier2Policy  # noqa: E402  (it extends HistoPipePolicy above)
+
 POLICIES: dict[str, type[Placement]] = {
-    p.name: p for p in (StaticPolicy, HistoPipePolicy, SeerPolicy, OraclePolicy)}
+    p.name: p for p in (StaticPolicy, HistoPipePolicy, Tier2Policy, SeerPolicy, OraclePolicy)}
 
 
 def policy_names() -> list[str]:

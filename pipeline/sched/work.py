@@ -80,8 +80,14 @@ class PlacementParams:
     cost: CostModel = field(default_factory=CostModel)
     capacity: int = 256
     length_floor: float = 0.0
+    tier2_workers_frac: float = 0.125  # tier2: share of workers reserved for the longest groups
+    tier2_max_seqs: int = 8  # tier2: sequences per reserved worker
 
     def __post_init__(self):
+        if not 0 <= self.tier2_workers_frac < 1:
+            raise ValueError(f"tier2_workers_frac must be in [0, 1), got {self.tier2_workers_frac}")
+        if self.tier2_max_seqs < 1:
+            raise ValueError(f"tier2_max_seqs must be >= 1, got {self.tier2_max_seqs}")
         if self.chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be >= 1, got {self.chunk_tokens}")
         if self.migrate_gap < 1:
