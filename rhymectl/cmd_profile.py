@@ -37,7 +37,7 @@ def profile(
     json_out: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
 ) -> None:
     from pipeline.errors import UsageError
-    from pipeline.sched.profile import load_lengths, profile as build, write_profile_plot
+    from pipeline.report.profile import load_lengths, profile as build, write_profile_plot
 
     if (run_dir is None) == (trace is None):
         raise UsageError("give a RUN_DIR or --trace FILE" if run_dir is None else

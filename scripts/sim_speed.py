@@ -16,12 +16,12 @@ import argparse
 import math
 import time
 
-from pipeline.sched.bench import BenchSetup, step_groups
+from pipeline.bench.sched import BenchSetup, step_groups
 from pipeline.sched.events import simulate_events
-from pipeline.sched.placement import make_policy, policy_names
+from pipeline.sched.load import SPEC_COST_MODELS
+from pipeline.sched.placement import make_policy, policy_names, step_params
 from pipeline.sched.simulator import SimConfig, simulate
 from pipeline.sched.synth import Shape, production_trace
-from pipeline.sched.work import PlacementParams
 
 
 def step(requests: int, workers: int, chunk: int, spec: str, seed: int):
@@ -30,14 +30,12 @@ def step(requests: int, workers: int, chunk: int, spec: str, seed: int):
     setup = BenchSetup(policies=tuple(policy_names()), workers=workers, spec=spec,
                        requests_per_worker=math.ceil(requests / workers), chunk_tokens=chunk,
                        seed=seed)
-    groups, floor = step_groups(trace, setup)
-    from pipeline.sched.cost import SPEC_COST_MODELS
-
+    groups, predictor = step_groups(trace, setup)
     cost = SPEC_COST_MODELS[spec]
     config = SimConfig(workers=workers, capacity=setup.capacity, prompt_tokens=setup.prompt_tokens,
                        cost=cost)
-    params = PlacementParams(chunk_tokens=chunk, cost=cost, capacity=setup.capacity,
-                             length_floor=floor)
+    params = step_params(predictor, setup.requests_per_worker, chunk_tokens=chunk,
+                         capacity=setup.capacity, cost=cost)
     return groups, config, params
 
 

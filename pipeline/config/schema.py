@@ -96,6 +96,9 @@ class SchedConfig:
         "a number in [0, 1)", lambda v: 0 <= v < 1))
     tier2_max_seqs: int = positive(8)  # tier2: sequences per reserved worker
     sim_requests_per_worker: int = positive(64)
+    # how long a rank waits on the coordination store (a slow peer, a long first chunk)
+    # before it gives up, seconds
+    store_timeout_s: float = positive(900.0)
 
 
 @dataclass(frozen=True)

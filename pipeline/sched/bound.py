@@ -24,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from pipeline.sched.cost import CostModel
+from pipeline.costs import CostModel
 
 
 def throughputs(cost: CostModel, up_to: int) -> np.ndarray:

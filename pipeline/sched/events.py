@@ -24,14 +24,15 @@ import math
 from itertools import count
 from typing import Sequence
 
-from pipeline.sched.simulator import SimConfig, SimResult, ideal_s, tail_s
-from pipeline.sched.work import Chunk, Dispatcher, GroupWork, Placement, check_workers
+from pipeline.costs import bubble_ratio, tail_s
+from pipeline.sched.simulator import SimConfig, SimResult, ideal_s
+from pipeline.sched.types import Chunk, Dispatcher, GroupWork, Placement, check_workers
 
 EPS = 1e-9
 
 
 class _Cluster:
-    """Workers as `pipeline.sched.work.Cluster`, with loads and a least-loaded heap."""
+    """Workers as `pipeline.sched.types.Cluster`, with loads and a least-loaded heap."""
 
     def __init__(self, sim: "_Events", workers: int, capacity: int):
         self.sim, self.workers, self.capacity = sim, workers, capacity
@@ -277,12 +278,11 @@ def simulate_events(policy: Placement, groups: Sequence[GroupWork], config: SimC
     sim = _Events(groups, config, policy.dispatcher(groups, config.workers, step))
     sim.run()
     makespan = max(sim.finish)
-    busy = sum(end - start for line in sim.timelines for start, end, _ in line)
-    total = config.workers * makespan
+    busy = [sum(end - start for start, end, _ in line) for line in sim.timelines]
     finish = [sim.finish[sim.offset[g]:sim.offset[g + 1]] for g in range(len(groups))]
     return SimResult(policy=policy.name, workers=config.workers, makespan_s=makespan,
                      ideal_s=ideal_s(groups, config),
-                     bubble_ratio=(total - busy) / total if total > 0 else 0.0,
+                     bubble_ratio=bubble_ratio(busy, makespan),
                      tail_s=tail_s(sim.finish), migrations=sim.migrations,
                      finish_s=finish, timelines=sim.timelines)
 

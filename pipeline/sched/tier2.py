@@ -17,7 +17,7 @@ run longer; the right share is about the share of the work the long groups hold.
 from __future__ import annotations
 
 from pipeline.sched.placement import HistoPipePolicy
-from pipeline.sched.work import Request, check_workers, longest_first, lpt
+from pipeline.sched.types import Request, check_workers, longest_first, lpt
 
 
 class Tier2Policy(HistoPipePolicy):
