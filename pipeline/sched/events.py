@@ -122,7 +122,7 @@ class _Events:
             self.running[w][rid] = None
             if self.movable[rid] < math.inf:
                 self.movers[w] += 1
-                self.next_v[w] = None
+                self._first_boundary(w, rid)
             return
         prefill = self.prompt_tokens if last < 0 else (self.prompt_tokens + done if last != w else 0)
         self.migrations += 0 <= last != w
@@ -142,8 +142,21 @@ class _Events:
         self.running[w][rid] = None
         if self.movable[rid] < math.inf:
             self.movers[w] += 1
-            self.next_v[w] = None
+            self._first_boundary(w, rid)
         heapq.heappush(self.ends[w], (v + self.length[rid] - done, end_id, rid))
+
+    def _first_boundary(self, w: int, rid: int) -> None:
+        """Keep the worker's cached next boundary current for a request placed now (the
+        cache only goes stale, never wrong, when requests leave: their boundaries lie in
+        the past by then)."""
+        cached = self.next_v[w]
+        if cached is None:
+            return
+        c, g0 = self.step[rid], self.g0[rid]
+        need = self.movable[rid] - g0
+        k = math.floor(need / c) + 1 if need >= c else 1
+        if g0 + k * c < self.length[rid]:
+            self.next_v[w] = min(cached, self.v0[rid] + k * c)
 
     # --- which boundaries can matter ------------------------------------------------------
     def candidate(self, w: int, least: int) -> bool:
@@ -252,7 +265,6 @@ class _Events:
                 del self.running[w][rid]
                 self.left_v[rid] = v
                 self.movers[w] -= self.movable[rid] < math.inf
-            self.next_v[w] = None
             self.cluster.changed(w, -len(ended))
             for _, rid, gen in ended:
                 self.generated[rid] = gen
