@@ -131,11 +131,12 @@ def _render_spec(result: dict) -> None:
 
 @bench_app.command("sched", help=(
     "Compare placement policies on one rollout step over W workers: makespan, its ideal "
-    "bound (the larger of total work / W and the longest request decoded alone), "
-    "makespan/ideal, bubble ratio (idle worker-seconds / worker-seconds) and the seconds "
+    "bound under the same cost model and tau (the larger of total work / W and the longest "
+    "requests' own critical path), makespan/ideal, makespan/oracle, bubble ratio (idle worker-seconds / worker-seconds) and the seconds "
     "spent finishing the last 10 % of requests, plus a PNG Gantt chart of worker timelines. "
-    "The step is drawn from the lengths in RUN_DIR's history or a --trace file (CSV or "
-    "JSONL, one row per request: group, length[, epoch]) so that every worker holds "
+    "The step is drawn from the lengths in RUN_DIR's history or a --trace file (CSV, "
+    "JSONL or parquet, one row per request: group, length[, epoch]; other column names via "
+    "--trace-columns, response texts counted with --tokenizer) so that every worker holds "
     "--requests-per-worker requests; predictions come from the epochs before it.\n\n"
     "Example: rhymectl bench sched runs/tiny --policies static,histopipe,seer,oracle "
     "--workers 64 --simulate --json\n\n"
@@ -143,7 +144,12 @@ def _render_spec(result: dict) -> None:
     "--spec history+group"))
 def sched(
     run_dir: Optional[Path] = typer.Argument(None, metavar="[RUN_DIR]", help="Run directory with history."),
-    trace: Optional[Path] = typer.Option(None, "--trace", help="Length trace file (.csv or .jsonl) instead of RUN_DIR."),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="Length trace file (.csv, .jsonl or .parquet) "
+                                                               "instead of RUN_DIR."),
+    trace_columns: Optional[str] = typer.Option(None, "--trace-columns", help="The trace's columns by role: "
+                                                "group=COL,length=COL[,epoch=COL] or group=COL,text=COL (with --tokenizer)."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer (model dir) counting the "
+                                                                      "trace's response texts."),
     policies: str = typer.Option(DEFAULT_POLICIES, "--policies", help="Comma-separated policies."),
     workers: int = typer.Option(8, "--workers", min=1, help="Rollout workers W."),
     simulate: bool = typer.Option(False, "--simulate", help="Project the step with the simulator instead of "
@@ -174,7 +180,14 @@ def sched(
     if not simulate and trace is not None:
         raise UsageError("a --trace holds lengths, not prompts: replay it with --simulate, or "
                          "give a RUN_DIR to measure real rollout workers")
-    lengths = trace_from_history(run_dir) if trace is None else read_trace(trace)
+    if trace is None and (trace_columns or tokenizer):
+        raise UsageError("--trace-columns and --tokenizer describe a --trace FILE; give one")
+    columns = None
+    if trace_columns:
+        from pipeline.sched.trace_import import parse_columns
+
+        columns = parse_columns(trace_columns)
+    lengths = trace_from_history(run_dir) if trace is None else read_trace(trace, columns, tokenizer)
     setup = BenchSetup(policies=names, workers=workers, spec=spec, capacity=capacity,
                        requests_per_worker=requests_per_worker, chunk_tokens=chunk_tokens,
                        epoch=epoch, seed=seed)
@@ -209,9 +222,11 @@ def _render(results, workers: int, title: str) -> None:
     from rich.table import Table
 
     table = Table(title=title)
-    for column in ("policy", "makespan s", "ideal s", "× ideal", "bubbles", "last 10 % s", "moves"):
+    # short headers: the table fits 80 columns (idle: bubble ratio; tail s: the last 10 %)
+    for column in ("policy", "makespan", "ideal s", "× ideal", "× oracle", "idle", "tail s", "moves"):
         table.add_column(column, justify="right", no_wrap=True)
     for name, r in results.items():
-        table.add_row(name, f"{r.makespan_s:.3f}", f"{r.ideal_s:.3f}", f"{r.makespan_over_ideal:.3f}",
+        over = "–" if r.over_oracle is None else f"{r.over_oracle:.3f}"
+        table.add_row(name, f"{r.makespan_s:.3f}", f"{r.ideal_s:.3f}", f"{r.makespan_over_ideal:.3f}", over,
                       f"{r.bubble_ratio:.1%}", f"{r.tail_s:.3f}", str(r.migrations))
     out.print(table)

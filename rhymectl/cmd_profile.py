@@ -19,19 +19,43 @@ def register(app: typer.Typer) -> None:
         "prompts whose rank moves by more than 10 %), the predicted length per prompt and the "
         "predictor's error on the following epoch. Writes a PNG, by default "
         "RUN_DIR/report/profile.png.\n\n"
-        "Example: rhymectl profile runs/tiny --json"))(profile)
+        "Example: rhymectl profile runs/tiny --json\n\n"
+        "Example: rhymectl profile --trace dump.parquet --trace-columns "
+        "group=prompt_id,length=response_length,epoch=step"))(profile)
 
 
 def profile(
-    run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="Run directory written by `rhymectl train`."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="PNG to write [RUN_DIR/report/profile.png]."),
+    run_dir: Optional[Path] = typer.Argument(None, metavar="[RUN_DIR]", help="Run directory written by "
+                                                                          "`rhymectl train`."),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="A length trace (.csv, .jsonl, .parquet) "
+                                                               "instead of RUN_DIR, e.g. another system's dump."),
+    trace_columns: Optional[str] = typer.Option(None, "--trace-columns", help="The trace's columns by role: "
+                                                "group=COL,length=COL[,epoch=COL] or group=COL,text=COL."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer counting response texts."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="PNG to write [RUN_DIR/report/profile.png, "
+                                                             "or ./profile-TRACE.png]."),
     json_out: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
 ) -> None:
+    from pipeline.errors import UsageError
     from pipeline.report.profile import load_lengths, profile as build, write_profile_plot
 
-    lengths = load_lengths(run_dir)
+    if (run_dir is None) == (trace is None):
+        raise UsageError("give a RUN_DIR or --trace FILE" if run_dir is None else
+                         "give either RUN_DIR or --trace FILE, not both")
+    if trace is None:
+        if trace_columns or tokenizer:
+            raise UsageError("--trace-columns and --tokenizer describe a --trace FILE; give one")
+        lengths = load_lengths(run_dir)
+        default_plot = run_dir / "report" / "profile.png"
+    else:
+        from pipeline.sched.trace import read_trace
+        from pipeline.sched.trace_import import parse_columns
+
+        columns = parse_columns(trace_columns) if trace_columns else None
+        lengths = read_trace(trace, columns, tokenizer).history(before_epoch=2 ** 62)
+        run_dir, default_plot = trace, Path(f"profile-{trace.stem}.png")
     report = build(run_dir, lengths)
-    plot_path = write_profile_plot(report, lengths, plot or run_dir / "report" / "profile.png")
+    plot_path = write_profile_plot(report, lengths, plot or default_plot)
     if json_out:
         emit_json({**report, "plot": str(plot_path)})
         return

@@ -93,8 +93,11 @@ class SpecConfig:
 class SchedConfig:
     """Placement of one step's rollout work over the rollout workers."""
 
-    policy: Literal["auto", "static", "histopipe", "seer"] = "auto"  # auto: seer when W > 1
+    policy: Literal["auto", "static", "histopipe", "tier2", "seer"] = "auto"  # auto: seer when W > 1
     chunk_tokens: int = positive(64)
+    tier2_workers_frac: float = field(default=0.125, metadata=_check(  # tier2: reserved workers
+        "a number in [0, 1)", lambda v: 0 <= v < 1))
+    tier2_max_seqs: int = positive(8)  # tier2: sequences per reserved worker
     sim_requests_per_worker: int = positive(64)
     # how long a rank waits on the coordination store (a slow peer, a long first chunk)
     # before it gives up, seconds

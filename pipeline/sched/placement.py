@@ -10,6 +10,8 @@
   Online, a response that runs past `migrate_factor` times its prediction moves to a
   worker running at least `migrate_gap` fewer requests at its next chunk boundary.
 - seer: divided rollout with a global queue (`pipeline/sched/seer.py`).
+- tier2: HistoPipe's second tier: the longest predicted groups on reserved workers, a few
+  sequences each (`pipeline/sched/tier2.py`).
 - oracle: LPT on the true lengths, requests placed one by one; a bound for the bench only.
 
 Every policy places every request exactly once: a prompt never seen before carries the
@@ -18,6 +20,7 @@ fallback prediction and is placed like any other.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Callable, Sequence
 
@@ -40,11 +43,16 @@ class ListDispatcher(Dispatcher):
     """
 
     def __init__(self, plan: list[list[Request]], *, chunk_tokens: int | None = None,
-                 overrun: Callable[[Request, int], bool] | None = None, migrate_gap: int = 8):
+                 overrun: Callable[[Request, int], bool] | None = None, migrate_gap: int = 8,
+                 overrun_after: Callable[[Request], float] | None = None):
+        """overrun_after(request): the tokens past which a request overruns (the same
+        rule as `overrun`, in the form the event simulator can skip boundaries with)."""
         self.queues = [deque(p) for p in plan]
         self.chunk_tokens = chunk_tokens
-        self.overrun = overrun
-        self.migrate_gap = migrate_gap
+        if overrun is None and overrun_after is not None:
+            overrun = lambda r, generated: generated > overrun_after(r)  # noqa: E731
+        self.overrun, self.overrun_after = overrun, overrun_after
+        self.migrate_gap = self.quiet_gap = migrate_gap
         self.continuing: list[tuple[Request, int, int]] = []  # (request, worker, generated)
         self.migrations = 0
 
@@ -72,6 +80,14 @@ class ListDispatcher(Dispatcher):
 
     def pending(self) -> int:
         return sum(len(q) for q in self.queues) + len(self.continuing)
+
+    def movable_after(self, request: Request) -> float:
+        if self.overrun is None:
+            return math.inf
+        return -1.0 if self.overrun_after is None else self.overrun_after(request)
+
+    def stuck(self) -> bool:
+        return bool(self.continuing)
 
 
 class StaticPolicy(Placement):
@@ -103,10 +119,10 @@ class HistoPipePolicy(Placement):
     def dispatcher(self, groups, workers, step=0):
         factor = self.params.migrate_factor
 
-        def overrun(request: Request, generated: int) -> bool:
-            return generated > factor * groups[request.group].predicted
+        def overrun_after(request: Request) -> float:
+            return factor * groups[request.group].predicted
 
-        return ListDispatcher(self.assign(groups, workers, step), overrun=overrun,
+        return ListDispatcher(self.assign(groups, workers, step), overrun_after=overrun_after,
                               chunk_tokens=self.params.chunk_tokens,
                               migrate_gap=self.params.migrate_gap)
 
@@ -128,8 +144,10 @@ class OraclePolicy(Placement):
         return ListDispatcher(self.assign(groups, workers, step))
 
 
+from pipeline.sched.tier2 import Tier2Policy  # noqa: E402  (it extends HistoPipePolicy above)
+
 POLICIES: dict[str, type[Placement]] = {
-    p.name: p for p in (StaticPolicy, HistoPipePolicy, SeerPolicy, OraclePolicy)}
+    p.name: p for p in (StaticPolicy, HistoPipePolicy, Tier2Policy, SeerPolicy, OraclePolicy)}
 
 
 def policy_names() -> list[str]:
@@ -146,12 +164,13 @@ def make_policy(name: str, params: PlacementParams = PlacementParams()) -> Place
 
 
 def step_params(predictor: LengthPredictor, requests_per_worker: int, *, chunk_tokens: int,
-                capacity: int, cost: CostModel = SCHED_COST) -> PlacementParams:
+                capacity: int, cost: CostModel = SCHED_COST, **tier2) -> PlacementParams:
     """The one way a step's placement is parameterised, by training and by both benches:
     `length_floor` is the length the longest of a worker's `requests_per_worker` responses
-    probably reaches anyway (`LengthPredictor.typical_max`)."""
+    probably reaches anyway (`LengthPredictor.typical_max`); tier2: tier2_workers_frac,
+    tier2_max_seqs (`pipeline.sched.tier2`)."""
     return PlacementParams(chunk_tokens=chunk_tokens, cost=cost, capacity=capacity,
-                           length_floor=predictor.typical_max(requests_per_worker))
+                           length_floor=predictor.typical_max(requests_per_worker), **tier2)
 
 
 def resolve_policy_name(name: str, workers: int) -> str:

@@ -47,7 +47,8 @@ class SeerDispatcher(Dispatcher):
         self.groups = groups
         self.state = {Request(g, s): RequestState.WAITING
                       for g, group in enumerate(groups) for s in range(group.n)}
-        self.chunk_tokens, self.migrate_gap = params.chunk_tokens, params.migrate_gap
+        self.chunk_tokens = params.chunk_tokens
+        self.migrate_gap = self.quiet_gap = params.migrate_gap
         self.load = LoadEstimate(workers, params.cost, params.capacity, params.length_floor)
         self.placed: dict[Request, float] = {}  # predicted length it was placed with
         self.estimate = [g.predicted for g in groups]
@@ -153,6 +154,9 @@ class SeerDispatcher(Dispatcher):
 
     def pending(self) -> int:
         return len(self.probes) + self.unstarted_rest + len(self.continuing)
+
+    def stuck(self) -> bool:
+        return bool(self.continuing)
 
     def count(self, state: RequestState) -> int:
         """Requests of the step in `state`."""

@@ -11,9 +11,9 @@ worker's next pass (per_token_s per token, stalling its batch): the prompt on fi
 admission, prompt plus partial output when it arrives from another worker (migration),
 nothing when it continues where its KV cache is.
 
-ideal_s is the step's physical bound: the larger of the total work over W (every token at
-the cost it has at the even batch size min(capacity, N/W), plus the prompts' prefill) and
-the longest request decoded on its own.
+ideal_s is the step's lower bound under the same cost model (`pipeline.sched.bound`): the
+larger of the total work over W and the longest requests' own critical path. over_oracle
+is the makespan over the oracle policy's on the same step (set by whoever ran the oracle).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from itertools import count
 from typing import Sequence
 
 from pipeline.costs import SCHED_COST, CostModel, bubble_ratio, tail_s
+from pipeline.sched.bound import ideal_makespan
 from pipeline.sched.types import Chunk, Dispatcher, GroupWork, Placement, check_workers
 
 Segment = tuple[float, float, int]  # (start_s, end_s, running requests), a busy interval
@@ -58,25 +59,32 @@ class SimResult:
     migrations: int
     finish_s: list[list[float]]
     timelines: list[list[Segment]]
+    oracle_s: float | None = None  # the oracle policy's makespan on the same step
 
     @property
     def makespan_over_ideal(self) -> float:
         return self.makespan_s / self.ideal_s if self.ideal_s > 0 else 1.0
 
+    @property
+    def over_oracle(self) -> float | None:
+        if self.oracle_s is None:
+            return None
+        return self.makespan_s / self.oracle_s if self.oracle_s > 0 else 1.0
+
     def summary(self) -> dict[str, float]:
-        return {"makespan_s": self.makespan_s, "ideal_s": self.ideal_s,
-                "makespan_over_ideal": self.makespan_over_ideal,
-                "bubble_ratio": self.bubble_ratio, "tail_s": self.tail_s}
+        out = {"makespan_s": self.makespan_s, "ideal_s": self.ideal_s,
+               "makespan_over_ideal": self.makespan_over_ideal,
+               "bubble_ratio": self.bubble_ratio, "tail_s": self.tail_s}
+        if self.oracle_s is not None:
+            out["over_oracle"] = self.over_oracle
+        return out
 
 
 def ideal_s(groups: Sequence[GroupWork], config: SimConfig) -> float:
+    """The step's lower bound under config.cost (`pipeline.sched.bound`)."""
     lengths = [length for g in groups for length in g.lengths]
-    cost, n = config.cost, len(lengths)
-    batch = max(1, min(config.capacity, math.ceil(n / config.workers)))
-    prefill_s = config.prompt_tokens * cost.per_token_s
-    work = (sum(lengths) / (batch * cost.rate(batch)) + n * prefill_s) / config.workers
-    fastest = max(cost.rate(b) for b in range(1, config.capacity + 1))
-    return max(work, prefill_s + max(lengths) / fastest)
+    return ideal_makespan(lengths, config.workers, config.capacity, config.prompt_tokens,
+                          config.cost)
 
 
 class _Cluster:
@@ -165,15 +173,16 @@ class _Step:
         running = self.running[w]
         if running:
             gap = max(0.0, running[0][0] - self.clock_v[w])
-            heapq.heappush(self.events, (self.clock_t[w] + gap / self.rates[len(running)],
-                                         self.version[w], w))
+            t = self.clock_t[w] + gap / self.rates[len(running)]
+            # events within a nanosecond count as simultaneous: the lower worker goes first
+            heapq.heappush(self.events, (round(t, 9), w, self.version[w], t))
 
     def run(self, dispatcher: Dispatcher) -> None:
         dispatcher.dispatch(self.cluster, range(self.cluster.workers))
         self._flush()
         finished_count = 0
         while self.events:
-            t, version, w = heapq.heappop(self.events)
+            _, w, version, t = heapq.heappop(self.events)  # ties: lowest worker first
             if version != self.version[w]:
                 continue
             self.now = t

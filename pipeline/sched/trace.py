@@ -1,7 +1,9 @@
 """Response-length traces: a plain CSV/JSONL file or a run's history, and step drawing.
 
-A trace file has one row per request: a group id (`group`, or `group_id` / `prompt_id`),
-its `length` in generated tokens, and optionally its `epoch` (default 0). Rows of one
+A trace file (CSV, JSONL or parquet; `pipeline.sched.trace_import` reads it) has one row
+per request: a group id (`group`, or `group_id` / `prompt_id`), its `length` in generated
+tokens, and optionally its `epoch` (default 0); other column names are mapped with
+--trace-columns, and response texts can be counted by a tokenizer. Rows of one
 group and epoch form a GRPO group. The last epoch is the step to replay; earlier epochs
 are the history its predictions come from, so a published single-epoch trace replays with
 fallback predictions only.
@@ -9,19 +11,14 @@ fallback predictions only.
 
 from __future__ import annotations
 
-import csv
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Mapping
 
 import numpy as np
 
 from pipeline.errors import UsageError
 from pipeline.history.store import HistoryStore
-
-GROUP_KEYS = ("group", "group_id", "prompt_id")
-
 
 @dataclass(frozen=True)
 class TraceGroup:
@@ -64,26 +61,32 @@ class Trace:
         return [g for g in self.groups if g.epoch == epoch]
 
 
-def read_trace(path: str | Path) -> Trace:
-    """A trace file (.csv with a header row, or .jsonl with one object per line)."""
+def read_trace(path: str | Path, columns: Mapping[str, str] | None = None,
+               tokenizer: str | None = None) -> Trace:
+    """A trace file (.csv with a header row, .jsonl with one object per line, or .parquet).
+
+    columns: role -> the file's column (`pipeline.sched.trace_import.parse_columns`);
+    tokenizer: a tokenizer to count response texts with (columns maps `text`).
+    """
+    from pipeline.sched.trace_import import FORMATS, rows
+
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"trace file {path} does not exist")
     suffix = path.suffix.lower()
-    if suffix not in (".csv", ".jsonl"):
+    if suffix not in FORMATS:
         raise UsageError(f"trace file {path}: unsupported format {suffix or 'without suffix'!r}; "
-                         f"use .csv or .jsonl (one row per request: group, length)")
-    rows = _csv_rows(path) if suffix == ".csv" else _jsonl_rows(path)
+                         f"use .csv, .jsonl or .parquet (one row per request: group, length)")
     groups: dict[tuple[int, str], list[int]] = {}
-    for number, row in rows:
-        group = next((row[k] for k in GROUP_KEYS if row.get(k) not in (None, "")), None)
-        if group is None:
+    for number, row in rows(path, columns, tokenizer):
+        group = row.get("group")
+        if group in (None, ""):
             raise UsageError(f"trace file {path} row {number}: missing group id (column "
                              f"'group', 'group_id' or 'prompt_id')")
         length = _integer(path, number, "length", row.get("length"))
-        if length < 0:
-            raise UsageError(f"trace file {path} row {number}: negative length {length}; "
-                             f"lengths are generated tokens (>= 0)")
+        if length < 1:
+            raise UsageError(f"trace file {path} row {number}: length {length} is not positive; "
+                             f"lengths are generated tokens (>= 1)")
         epoch = 0 if row.get("epoch") in (None, "") else _integer(path, number, "epoch", row["epoch"])
         groups.setdefault((epoch, str(group)), []).append(length)
     if not groups:
@@ -141,33 +144,6 @@ def _integer(path: Path, number: int, key: str, value) -> int:
     if not number_value.is_integer():
         raise UsageError(f"trace file {path} row {number}: {key} {value!r} is not a whole number")
     return int(number_value)
-
-
-def _csv_rows(path: Path) -> Iterator[tuple[int, dict]]:
-    with open(path, newline="") as fh:
-        reader = csv.DictReader(fh)
-        fields = [f.strip() for f in reader.fieldnames or []]
-        if "length" not in fields or not set(GROUP_KEYS) & set(fields):
-            raise UsageError(f"trace file {path}: the header must name a group column ('group', "
-                             f"'group_id' or 'prompt_id') and 'length'; it has {fields}")
-        reader.fieldnames = fields
-        for number, row in enumerate(reader, start=1):
-            yield number, {k: (v.strip() if isinstance(v, str) else v) for k, v in row.items()}
-
-
-def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict]]:
-    with open(path) as fh:
-        for number, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                raise UsageError(f"trace file {path} row {number}: not valid JSON") from None
-            if not isinstance(row, dict):
-                raise UsageError(f"trace file {path} row {number}: expected an object like "
-                                 f'{{"group": "p1", "length": 42}}')
-            yield number, row
 
 
 __all__ = ["Trace", "TraceGroup", "draw_groups", "read_trace", "trace_from_history"]

@@ -96,8 +96,14 @@ class PlacementParams:
     cost: CostModel = SCHED_COST
     capacity: int = 256
     length_floor: float = 0.0
+    tier2_workers_frac: float = 0.125  # tier2: share of workers reserved for the longest groups
+    tier2_max_seqs: int = 8  # tier2: sequences per reserved worker
 
     def __post_init__(self):
+        if not 0 <= self.tier2_workers_frac < 1:
+            raise ValueError(f"tier2_workers_frac must be in [0, 1), got {self.tier2_workers_frac}")
+        if self.tier2_max_seqs < 1:
+            raise ValueError(f"tier2_max_seqs must be >= 1, got {self.tier2_max_seqs}")
         if self.chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be >= 1, got {self.chunk_tokens}")
         if self.migrate_gap < 1:
@@ -130,6 +136,20 @@ class Dispatcher(ABC):
     `chunk_done`, with the workers whose slots were freed."""
 
     migrations: int = 0
+    # Hints for a simulator that skips chunk boundaries where nothing can happen
+    # (`pipeline.sched.events`). quiet_gap: a continuation stays where it runs unless its
+    # worker runs at least this many more requests than the least-loaded one (None: any
+    # boundary may matter).
+    quiet_gap: int | None = None
+
+    def movable_after(self, request: Request) -> float:
+        """A boundary can move `request` only once it has generated more than this many
+        tokens (math.inf: never; -1: at every boundary)."""
+        return -1.0
+
+    def stuck(self) -> bool:
+        """Continuations wait for a free slot: then any worker's boundary may matter."""
+        return False
 
     @abstractmethod
     def dispatch(self, cluster: Cluster, freed: Sequence[int]) -> None:

@@ -30,7 +30,7 @@ def placed(tiny_model, tmp_path_factory) -> dict:
     return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize("policy", ["static", "histopipe", "seer"])
+@pytest.mark.parametrize("policy", ["static", "histopipe", "seer", "tier2"])
 def test_every_policy_returns_every_response_with_its_logprobs(placed, policy):
     r = placed[policy]
     assert len(r["tokens"]) == 6 and all(len(g) == 2 for g in r["tokens"])
@@ -45,11 +45,19 @@ def test_every_policy_returns_every_response_with_its_logprobs(placed, policy):
     assert 0.0 <= r["bubble"] < 1.0 and r["makespan"] > 0
 
 
-@pytest.mark.parametrize("policy", ["static", "histopipe", "seer"])
+@pytest.mark.parametrize("policy", ["static", "histopipe", "seer", "tier2"])
 def test_placement_changes_where_tokens_are_generated_never_which(placed, policy):
     """Greedy: the responses equal one engine's plain greedy rollout token for token,
     although they were cut into chunks and some continued on the other worker."""
     assert placed[policy]["tokens"] == placed["plain"]
+
+
+def test_tier2_reserves_a_rank_for_the_longest_predicted_group(placed):
+    # predictions grow with the group index: group 5 is the longest; rank 1 is reserved
+    plan = placed["tier2"]["plan"]
+    assert sorted(map(tuple, plan[1])) == [(5, 0), (5, 1)]
+    assert all(g != 5 for g, _ in plan[0])
+    assert all(c > 0 for c in placed["tier2"]["chunks"])  # both ranks generated
 
 
 def test_chunked_policies_continue_requests_on_both_workers(placed):
@@ -64,7 +72,7 @@ def test_chunked_policies_continue_requests_on_both_workers(placed):
 def test_the_store_does_not_grow_from_step_to_step(placed):
     """Every assignment and event is deleted by its reader, the counters after the step."""
     keys = placed["store_keys"]
-    assert len(keys) == 3 and len(set(keys)) == 1
+    assert len(keys) == 4 and len(set(keys)) == 1  # one count after each policy
 
 
 def test_bench_sched_measures_real_workers(tiny_model, tmp_path):

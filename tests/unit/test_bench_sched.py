@@ -16,7 +16,7 @@ from rhymectl import cmd_bench
 from rhymectl.parsing import parse_policies
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-METRICS = {"makespan_s", "ideal_s", "makespan_over_ideal", "bubble_ratio", "tail_s"}
+METRICS = {"makespan_s", "ideal_s", "makespan_over_ideal", "over_oracle", "bubble_ratio", "tail_s"}
 
 
 def cli() -> typer.Typer:
@@ -51,7 +51,7 @@ def run_dir(tmp_path):
 @pytest.fixture
 def trace_file(tmp_path):
     path = tmp_path / "lengths.csv"
-    path.write_text("group,length\n" + "".join(f"g{i % 5},{7 * i % 40}\n" for i in range(20)))
+    path.write_text("group,length\n" + "".join(f"g{i % 5},{7 * i % 40 + 1}\n" for i in range(20)))
     return path
 
 
@@ -93,9 +93,9 @@ def test_explicit_plot_path(trace_file, tmp_path):
 
 @pytest.mark.parametrize("args, expected", [
     (["--policies", "static,fifo"], "unknown placement policy 'fifo' in --policies; choose from "
-                                    "static, histopipe, seer, oracle"),
+                                    "static, histopipe, tier2, seer, oracle"),
     (["--policies", ","], "no placement policy given in --policies; choose from static, histopipe, "
-                          "seer, oracle"),
+                          "tier2, seer, oracle"),
     (["--spec", "ngram"], "--spec 'ngram' is not simulated; choose from none, history+group"),
     (["--no-source"], "give a RUN_DIR or --trace FILE"),
     (["--both"], "give either RUN_DIR or --trace FILE, not both"),

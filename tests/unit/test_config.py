@@ -175,6 +175,8 @@ RULES = {
     "spec.min_path_prob": ("0", "0.0", FRACTION),
     "spec.max_cached_prompts": ("0", "0", POSITIVE),
     "sched.chunk_tokens": ("0", "0", POSITIVE),
+    "sched.tier2_workers_frac": ("1.0", "1.0", "a number in [0, 1)"),
+    "sched.tier2_max_seqs": ("0", "0", POSITIVE),
     "sched.store_timeout_s": ("0", "0.0", POSITIVE),
     "sched.sim_requests_per_worker": ("0", "0", POSITIVE),
     "train.total_steps": ("0", "0", POSITIVE),
@@ -195,7 +197,7 @@ RULES = {
     # literals
     "model.dtype": ("fp8", "'fp8'", "one of float32, bfloat16, float16"),
     "spec.method": ("fast", "'fast'", "one of none, ngram, suffix, history, group, history+group"),
-    "sched.policy": ("random", "'random'", "one of auto, static, histopipe, seer"),
+    "sched.policy": ("random", "'random'", "one of auto, static, histopipe, tier2, seer"),
     "train.adv_estimator": ("ppo", "'ppo'", "one of grpo, grpo_no_std"),
     "train.loss_agg_mode": ("sum", "'sum'", "one of token-mean, seq-mean-token-mean"),
     "train.kl_type": ("k3", "'k3'", "one of low_var_kl, k1, k2"),

@@ -184,10 +184,10 @@ def test_every_request_is_placed_exactly_once(name):
 
 
 def test_registry_names_and_errors():
-    assert policy_names() == ["static", "histopipe", "seer", "oracle"]
+    assert policy_names() == ["static", "histopipe", "tier2", "seer", "oracle"]
     with pytest.raises(UsageError) as exc:
         make_policy("fifo")
-    assert str(exc.value) == "unknown placement policy 'fifo'; choose from static, histopipe, seer, oracle"
+    assert str(exc.value) == "unknown placement policy 'fifo'; choose from static, histopipe, tier2, seer, oracle"
     assert resolve_policy_name("auto", 4) == "seer"
     assert resolve_policy_name("auto", 1) == "static"
     assert resolve_policy_name("histopipe", 4) == "histopipe"

@@ -222,5 +222,5 @@ def test_a_thousand_workers_simulate_quickly():
     results = {n: run(n, groups, 1024, cost=SCHED_COST, prompt_tokens=16) for n in POLICIES}
     assert time.perf_counter() - start < 20
     for r in results.values():
-        assert len(r.timelines) == 1024 and r.makespan_s >= r.ideal_s
+        assert len(r.timelines) == 1024 and r.makespan_s >= r.ideal_s * (1 - 1e-9)  # oracle: = ideal
     assert results["oracle"].makespan_s <= results["static"].makespan_s

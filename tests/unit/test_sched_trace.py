@@ -52,9 +52,11 @@ def test_the_replayed_epoch_skips_a_thin_last_epoch():
 
 @pytest.mark.parametrize("name, text, expected", [
     ("t.csv", "group,tokens\np,1\n", "the header must name a group column ('group', 'group_id' or "
-                                     "'prompt_id') and 'length'; it has ['group', 'tokens']"),
+                                     "'prompt_id') and 'length'; it has ['group', 'tokens'] (or map yours "
+                                     "with --trace-columns group=COL,length=COL)"),
     ("t.csv", "group,length\np,1\np,\n", "row 2: missing length"),
-    ("t.csv", "group,length\np,-3\n", "row 1: negative length -3; lengths are generated tokens (>= 0)"),
+    ("t.csv", "group,length\np,-3\n", "row 1: length -3 is not positive; lengths are generated tokens (>= 1)"),
+    ("t.csv", "group,length\np,0\n", "row 1: length 0 is not positive; lengths are generated tokens (>= 1)"),
     ("t.csv", "group,length\np,4.5\n", "row 1: length '4.5' is not a whole number"),
     ("t.csv", "group,length\np,abc\n", "row 1: length 'abc' is not a whole number"),
     ("t.csv", "group,length\n,4\n", "row 1: missing group id (column 'group', 'group_id' or 'prompt_id')"),
@@ -75,8 +77,8 @@ def test_bad_trace_files_have_one_line_messages(tmp_path, name, text, expected):
 def test_missing_file_and_unknown_format(tmp_path):
     assert message(tmp_path / "nope.csv") == f"trace file {tmp_path / 'nope.csv'} does not exist"
     path = write(tmp_path, "t.txt", "p 1\n")
-    assert message(path) == (f"trace file {path}: unsupported format '.txt'; use .csv or .jsonl (one "
-                             f"row per request: group, length)")
+    assert message(path) == (f"trace file {path}: unsupported format '.txt'; use .csv, .jsonl or "
+                             f".parquet (one row per request: group, length)")
 
 
 def record(pid, epoch, step, i, length):

@@ -27,8 +27,10 @@ def main(model: str, out: str) -> None:
     sampling = Sampling(n=2, temperature=0.0, max_tokens=64, seed=3)
     store = dist.CoordinationStore(SchedConfig().store_timeout_s)
     result = {"store_keys": []}
-    for name in ("static", "histopipe", "seer"):
-        policy = make_policy(name, PlacementParams(chunk_tokens=8, migrate_gap=1, capacity=4))
+    for name in ("static", "histopipe", "seer", "tier2"):
+        # tier2: one of the two ranks reserved for the longest predicted group, 2 sequences
+        policy = make_policy(name, PlacementParams(chunk_tokens=8, migrate_gap=1, capacity=4,
+                                                   tier2_workers_frac=0.5, tier2_max_seqs=2))
         r = rollout(engine, prompts, groups, sampling, policy, store=store, capacity=4)
         result[name] = {
             "tokens": [[c.token_ids for c in g] for g in r.groups],
@@ -36,7 +38,8 @@ def main(model: str, out: str) -> None:
             "finish": [[c.finish_reason for c in g] for g in r.groups],
             "migrations": r.migrations, "chunks": [w.chunks for w in r.workers],
             "busy": [w.busy_s for w in r.workers], "makespan": r.makespan_s,
-            "bubble": r.bubble_ratio}
+            "bubble": r.bubble_ratio,
+            "plan": policy.assign(groups, world) if name == "tier2" else None}
         dist.barrier()
         result["store_keys"].append(store.num_keys())
     if rank == 0:

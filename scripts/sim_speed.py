@@ -1,0 +1,85 @@
+"""How fast the event-driven simulator replays a production-scale step.
+
+100,000 requests (12,500 prompts x 8, production-shaped lengths: `pipeline.sched.synth`)
+over 1,024 workers, every placement policy, chunks of --chunk-tokens. Prints one line per
+policy with its wall time and makespan, and the total; with --compare N, also times the
+chunk-by-chunk simulator on an N-request step and checks both give the same makespan.
+
+Timing is a benchmark, not a test: run it on an idle machine for absolute numbers.
+
+    python scripts/sim_speed.py [--requests 100000] [--workers 1024] [--compare 6400]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+from pipeline.bench.sched import BenchSetup, step_groups
+from pipeline.sched.events import simulate_events
+from pipeline.sched.load import SPEC_COST_MODELS
+from pipeline.sched.placement import make_policy, policy_names, step_params
+from pipeline.sched.simulator import SimConfig, simulate
+from pipeline.sched.synth import Shape, production_trace
+
+
+def step(requests: int, workers: int, chunk: int, spec: str, seed: int):
+    shape = Shape(prompts=math.ceil(requests / 8), n=8)
+    trace = production_trace(shape, seed)
+    setup = BenchSetup(policies=tuple(policy_names()), workers=workers, spec=spec,
+                       requests_per_worker=math.ceil(requests / workers), chunk_tokens=chunk,
+                       seed=seed)
+    groups, predictor = step_groups(trace, setup)
+    cost = SPEC_COST_MODELS[spec]
+    config = SimConfig(workers=workers, capacity=setup.capacity, prompt_tokens=setup.prompt_tokens,
+                       cost=cost)
+    params = step_params(predictor, setup.requests_per_worker, chunk_tokens=chunk,
+                         capacity=setup.capacity, cost=cost)
+    return groups, config, params
+
+
+def timed(sim, name, groups, config, params):
+    """(wall seconds, CPU seconds of this process, result): on a shared machine the CPU
+    time is what the simulator itself cost."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = sim(make_policy(name, params), groups, config)
+    return time.perf_counter() - wall, time.process_time() - cpu, result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=100_000)
+    ap.add_argument("--workers", type=int, default=1024)
+    ap.add_argument("--chunk-tokens", type=int, default=64)
+    ap.add_argument("--spec", default="none")
+    ap.add_argument("--compare", type=int, default=0, help="also time the old simulator on N requests")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    groups, config, params = step(args.requests, args.workers, args.chunk_tokens, args.spec, args.seed)
+    n = sum(g.n for g in groups)
+    tokens = sum(sum(g.lengths) for g in groups)
+    print(f"event simulator: {n} requests, {tokens / 1e9:.2f} G tokens, {args.workers} workers, "
+          f"chunk {args.chunk_tokens}, spec {args.spec}")
+    total_wall = total_cpu = 0.0
+    for name in policy_names():
+        wall, cpu, r = timed(simulate_events, name, groups, config, params)
+        total_wall, total_cpu = total_wall + wall, total_cpu + cpu
+        print(f"  {name:10s} wall {wall:6.2f} s  cpu {cpu:6.2f} s   makespan {r.makespan_s:9.1f} s  "
+              f"x ideal {r.makespan_over_ideal:.3f}  migrations {r.migrations}")
+    print(f"  all policies: wall {total_wall:.2f} s, cpu {total_cpu:.2f} s")
+    if args.compare:
+        w = max(1, round(args.workers * args.compare / n))
+        groups, config, params = step(args.compare, w, args.chunk_tokens, args.spec, args.seed)
+        print(f"old vs event simulator on {sum(g.n for g in groups)} requests, {w} workers:")
+        for name in policy_names():
+            _, old_s, old = timed(simulate, name, groups, config, params)
+            _, new_s, new = timed(simulate_events, name, groups, config, params)
+            same = math.isclose(old.makespan_s, new.makespan_s, rel_tol=1e-9)
+            print(f"  {name:10s} cpu: old {old_s:6.2f} s  event {new_s:6.2f} s  "
+                  f"speed-up {old_s / max(new_s, 1e-9):6.1f}x  same makespan: {same}")
+
+
+if __name__ == "__main__":
+    main()
