@@ -37,6 +37,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.atomic import write_atomic, write_json_atomic
+from pipeline.faults import fault
 from pipeline.errors import UsageError
 from pipeline.history.store import HistoryStore
 
@@ -262,6 +263,7 @@ def _write(index_dir: Path, rows: list[_Row], meta: dict) -> dict:
         with pq.ParquetWriter(tmp, schema) as writer:
             for chunk in _chunks(rows):
                 writer.write_table(_table(chunk, schema), row_group_size=max(len(chunk), 1))
+        fault("mid_index_build", path)
 
     write_atomic(path, write)
     extra = {"sha256": _sha256(path), "file_bytes": path.stat().st_size}

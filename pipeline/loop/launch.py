@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pipeline.config import Config
 from pipeline.errors import RuntimeFailure
-from pipeline.loop import rundir
+from pipeline.loop import lock, rundir
 
 
 def under_torchrun() -> bool:
@@ -23,6 +23,7 @@ def launch(cfg: Config, config_path: Path, overrides: list[str], resume: bool, f
     """Returns the run summary on the rank that reports (rank 0), else None."""
     if nproc > 1 and not under_torchrun():
         rundir.check_run_dir(cfg, resume, force)  # fail here, before starting the ranks
+        lock.probe(cfg.run.dir)  # rank 0 takes the lock itself
         return spawn(config_path, overrides, resume, force, nproc, json_out)
     from pipeline.loop.run import run  # which checks the run directory on every rank
 

@@ -1,7 +1,9 @@
 """A training run on one rank: setup → steps → cleanup.
 
-Rank 0 owns the run directory (config, metrics, history, checkpoint commits); every rank
-holds one vLLM engine and one DeepSpeed engine over the same policy.
+Rank 0 owns the run directory (config, metrics, history, checkpoint commits) and holds its
+lock (loop.lock) for the life of the run; every rank holds one vLLM engine and one
+DeepSpeed engine over the same policy. What a step writes, in which order, and when it
+counts as done: loop.commit.
 """
 
 from __future__ import annotations
@@ -13,15 +15,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.config import Config
+from pipeline.errors import RuntimeFailure, UsageError
+from pipeline.faults import fault
 from pipeline.history.store import HistoryStore
-from pipeline.loop import dist, rundir
+from pipeline.loop import commit, dist, rundir
+from pipeline.loop.lock import RunLock, announce
 from pipeline.loop.batches import PromptSource
 from pipeline.loop.evaluate import eval_prompts, evaluate
 from pipeline.loop.metrics import LiveView, MetricsLog
 from pipeline.loop.preflight import load_prompts
 from pipeline.loop.scheduled import ScheduledRollout
 from pipeline.loop.step import rl_step
-from pipeline.train import checkpoint
 
 EVAL_FILE = "eval.jsonl"
 
@@ -50,12 +54,38 @@ class Context:
 def run(cfg: Config, resume: bool, force: bool, console) -> dict:
     rank, world = dist.init()
     rundir.check_run_dir(cfg, resume, force)  # every rank, before rank 0 writes anything
+    lock = take_lock(cfg, rank)
+    rundir.check_run_dir(cfg, resume, force)  # again: a writer may have finished meanwhile
     dist.barrier()
     dist.bind_cpu_threads()
-    ctx = setup(cfg, rank, world, resume, force)
-    train(ctx, console)
+    try:
+        ctx = setup(cfg, rank, world, resume, force)
+        train(ctx, console)
+    except OSError as exc:
+        line = commit.disk_error(exc, Path(cfg.run.dir))
+        if line is None:
+            raise
+        raise RuntimeFailure(line) from exc
+    finally:
+        if lock is not None:
+            lock.release()
     dist.barrier()
     return ctx.summary if rank == 0 else None
+
+
+def take_lock(cfg: Config, rank: int) -> RunLock | None:
+    """Rank 0 takes the run-directory lock; if it cannot, every rank stops with its line."""
+    lock, refusal = None, None
+    if rank == 0:
+        try:
+            lock = RunLock(cfg.run.dir, "rhymectl train").acquire()
+            announce(lock)
+        except UsageError as exc:
+            refusal = str(exc)
+    refusal = dist.all_gather(refusal)[0]
+    if refusal:
+        raise UsageError(refusal)
+    return lock
 
 
 def setup(cfg: Config, rank: int, world: int, resume: bool, force: bool) -> Context:
@@ -96,27 +126,18 @@ def setup(cfg: Config, rank: int, world: int, resume: bool, force: bool) -> Cont
 
 
 def restore(ctx: Context) -> None:
-    """Load the last complete checkpoint and roll history and metrics back to it."""
-    from pipeline.errors import UsageError
+    """Load the last complete checkpoint; history, metrics and evaluation rows are cut back
+    to what it covers (loop.commit.restore). No checkpoint yet: start over from step 0."""
+    state = commit.restore(ctx)
+    if state is not None:
+        ckpt = ctx.run_dir / "checkpoints" / f"step-{state['step']:06d}"
+        ctx.actor.load(ckpt)
+        from pipeline.train import checkpoint
 
-    ckpt = checkpoint.latest(ctx.run_dir / "checkpoints")
-    if ckpt is None:
-        raise UsageError(f"--resume: {ctx.run_dir} has no complete checkpoint yet; start over "
-                         f"with --force")
-    state = checkpoint.read_state(ckpt)
-    if state["world_size"] != ctx.world_size:
-        raise UsageError(f"--resume: the checkpoint was written by {state['world_size']} ranks, "
-                         f"this run has {ctx.world_size}; use --nproc {state['world_size']}")
-    ctx.actor.load(ckpt)
-    checkpoint.load_rng(ckpt, ctx.rank)
-    ctx.start_step = state["step"]
-    ctx.policy_version = state["policy_version"]
-    ctx.engine.update_weights(ctx.actor.named_weights(), ctx.policy_version)
-    if ctx.rank == 0:
-        ctx.history.truncate_after(state["history_last_step"])
-        ctx.metrics.truncate_after(state["step"])
-        ctx.evals.truncate_after(state["step"])
-    dist.barrier()
+        checkpoint.load_rng(ckpt, ctx.rank)
+        ctx.start_step = state["step"]
+        ctx.policy_version = state["policy_version"]
+        ctx.engine.update_weights(ctx.actor.named_weights(), ctx.policy_version)
     restore_drafting(ctx)
     if ctx.scheduler is not None:
         ctx.scheduler.load_history(ctx.run_dir)
@@ -148,13 +169,16 @@ def restore_drafting(ctx: Context) -> None:
 
 
 def train(ctx: Context, console) -> None:
+    """The steps, each written in the order loop.commit sets out."""
     cfg = ctx.cfg
     total = cfg.train.total_steps
     started = time.time()
     last: dict = {}
     view = LiveView(total, console, start_step=ctx.start_step) if ctx.rank == 0 else None
     if ctx.start_step == 0:
-        run_eval(ctx, 0)
+        row = run_eval(ctx, 0)
+        if ctx.rank == 0 and row:
+            ctx.evals.append(row)
     with view if view else nullcontext():
         for step in range(ctx.start_step, total):
             step_started = time.perf_counter()
@@ -163,17 +187,24 @@ def train(ctx: Context, console) -> None:
                 t0 = time.perf_counter()
                 ctx.history.append(step, result.records)
                 result.metrics["time_history_s"] = round(time.perf_counter() - t0, 4)
+            every = cfg.run.eval_every
+            row = {}
+            if (every and (step + 1) % every == 0) or step + 1 == total:
+                row = run_eval(ctx, step + 1)
+                for key, value in row.items():
+                    if key != "step":
+                        result.metrics[f"eval_{key}"] = value
+            result.metrics["time_step_s"] = round(time.perf_counter() - step_started, 4)
+            if ctx.rank == 0:
+                if row:
+                    ctx.evals.append(row)
+                ctx.metrics.append(result.metrics)
+                fault("after_metrics_append")
             if (step + 1) % cfg.run.checkpoint_every == 0 or step + 1 == total:
                 t0 = time.perf_counter()
-                save(ctx, step + 1)
+                commit.commit_step(ctx, step + 1)  # the commit point of every step so far
                 result.metrics["time_checkpoint_s"] = round(time.perf_counter() - t0, 4)
-            result.metrics["time_step_s"] = round(time.perf_counter() - step_started, 4)
-            every = cfg.run.eval_every
-            if (every and (step + 1) % every == 0) or step + 1 == total:
-                for key, value in run_eval(ctx, step + 1).items():
-                    result.metrics[f"eval_{key}"] = value
             if ctx.rank == 0:
-                ctx.metrics.append(result.metrics)
                 view.update(result.metrics)
             last = result.metrics
     ctx.summary = {"run_dir": str(ctx.run_dir), "steps": total, "last": last,
@@ -182,30 +213,9 @@ def train(ctx: Context, console) -> None:
 
 
 def run_eval(ctx: Context, steps_done: int) -> dict:
-    """Greedy held-out evaluation; appended to eval.jsonl by rank 0."""
+    """Greedy held-out evaluation: the eval.jsonl row rank 0 appends ({} without prompts)."""
     if not ctx.eval_set:
         return {}
     result = evaluate(ctx, ctx.eval_set)
-    if ctx.rank == 0:
-        ctx.evals.append({"step": steps_done, **result})
-    return result
-
-
-def save(ctx: Context, steps_done: int) -> None:
-    root = ctx.run_dir / "checkpoints"
-    if ctx.rank == 0:
-        checkpoint.prepare(root, steps_done)
-    dist.barrier()
-    tmp = checkpoint.tmp_dir(root, steps_done)
-    ctx.actor.save(tmp, tmp / "policy" if ctx.rank == 0 else None)
-    checkpoint.save_rng(tmp, ctx.rank)
-    dist.barrier()
-    if ctx.rank == 0:
-        state = {"step": steps_done, "epoch": ctx.prompts.epoch_of(steps_done - 1),
-                 "policy_version": ctx.policy_version, "history_last_step": steps_done - 1,
-                 "world_size": ctx.world_size, "pid": os.getpid()}
-        checkpoint.commit(root, steps_done, state, Path(ctx.cfg.model.path), ctx.cfg.run.keep_checkpoints)
-        from pipeline.history import index  # kept current for restarts and `rhymectl index`
-
-        index.build(ctx.run_dir, ctx.cfg.model.path, ctx.cfg.spec.history_epochs)
-    dist.barrier()
+    fault("mid_eval")
+    return {"step": steps_done, **result}
