@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -212,16 +211,18 @@ def test_checkpoint_manifest_detects_a_missing_shard(tmp_path):
     assert "has 1 bytes, 10 were written" in checkpoint.verify(final, state)
 
 
-def test_restore_refuses_a_damaged_checkpoint(tmp_path):
+def test_resume_check_refuses_a_damaged_checkpoint(tmp_path):
     root = tmp_path / "checkpoints"
     tmp = checkpoint.prepare(root, 1)
     (tmp / "ds").mkdir()
     (tmp / "ds" / "shard.pt").write_bytes(b"z")
     final = checkpoint.commit(root, 1, {"step": 1, "world_size": 1}, tmp_path, keep=2)
+    assert commit.check_resume(tmp_path, 1)["step"] == 1
+    with pytest.raises(UsageError, match="written by 1 ranks, this run has 2"):
+        commit.check_resume(tmp_path, 2)
     (final / "ds" / "shard.pt").unlink()
-    ctx = SimpleNamespace(run_dir=tmp_path, rank=0, world_size=1)
     with pytest.raises(UsageError, match=r"step-000001 is damaged \(ds/shard.pt missing\); delete"):
-        commit.restore(ctx)
+        commit.check_resume(tmp_path, 1)
 
 
 def test_disk_errors_become_one_line_naming_the_file_and_the_way_back(tmp_path):

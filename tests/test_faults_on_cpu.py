@@ -93,11 +93,16 @@ def run_chain(model: Path, run_dir: Path, chain, *extra: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_model, tmp_path_factory) -> dict:
+def reference_dir(tiny_model, tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("faults") / "reference"
     proc = train(tiny_model, run_dir, "spec.method=none")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return audit.snapshot(run_dir)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def reference(reference_dir) -> dict:
+    return audit.snapshot(reference_dir)
 
 
 def test_every_fault_point_resumes_to_the_uninterrupted_rows_bit_for_bit(
@@ -128,3 +133,54 @@ def test_with_history_and_sibling_drafts_resumes_complete(tiny_model, tmp_path):
     assert [r["step"] for r in got["eval"]] == [0, 2, 4]
     state = json.loads((tmp_path / "run/checkpoints/step-000004/state.json").read_text())
     assert state["covers"]["history_rows"] == STEPS * BATCH * N
+
+
+def _tree(run_dir: Path) -> dict:
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*"))
+            if p.is_file() and p.name != ".writer.lock"}
+
+
+def _garble_line(path: Path, index: int) -> None:
+    lines = path.read_text().splitlines(keepends=True)
+    lines[index] = lines[index][:10] + "\x00garbled" + lines[index][10:]
+    path.write_text("".join(lines))
+
+
+def _other_run_eval(path: Path) -> None:
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps({**r, "accuracy": 1.0 - r["accuracy"]}) + "\n"
+                            for r in rows))
+
+
+CORRUPTIONS = {
+    "truncated history step file": (
+        lambda d: (d / "history/step-000001.parquet").write_bytes(
+            (d / "history/step-000001.parquet").read_bytes()[:300]),
+        "step-000001.parquet is corrupt or truncated"),
+    "checkpoint missing a DeepSpeed shard": (
+        lambda d: next((d / "checkpoints/step-000004/ds").rglob("*optim_states.pt")).unlink(),
+        "checkpoints/step-000004 is damaged"),
+    "garbled metrics line in the middle": (
+        lambda d: _garble_line(d / "metrics.jsonl", 1), "metrics.jsonl: its first 4 rows differ"),
+    "eval.jsonl from another run": (
+        lambda d: _other_run_eval(d / "eval.jsonl"), "eval.jsonl: its first 3 rows differ"),
+}
+
+
+@pytest.mark.parametrize("damage", list(CORRUPTIONS))
+def test_corrupt_files_are_refused_with_one_line_and_nothing_changed(
+        tiny_model, reference_dir, tmp_path, damage):
+    """Checked before any engine starts, so each case costs a process start only."""
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_dir, run_dir)
+    corrupt, expected = CORRUPTIONS[damage]
+    corrupt(run_dir)
+    before = _tree(run_dir)
+    proc = train(tiny_model, run_dir, "spec.method=none", resume=True)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and expected in errors[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert _tree(run_dir) == before

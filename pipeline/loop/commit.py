@@ -73,16 +73,14 @@ def commit_step(ctx, steps_done: int) -> None:
     dist.barrier()
 
 
-def restore(ctx) -> dict | None:
-    """Verify the last checkpoint and cut everything after it (rank 0 repairs, every rank
-    verifies the checkpoint it loads). Returns its state, or None to start over."""
-    ckpt = checkpoint.latest(ctx.run_dir / "checkpoints")
+def check_resume(run_dir: Path, world_size: int) -> dict | None:
+    """Before anything is loaded or written (every rank, read-only): the last checkpoint's
+    state, or None when there is none yet; UsageError (exit 2) on any damage above."""
+    from pipeline.history.store import HistoryStore
+    from pipeline.loop.metrics import MetricsLog
+
+    ckpt = checkpoint.latest(run_dir / "checkpoints")
     if ckpt is None:
-        if ctx.rank == 0:
-            ctx.history.truncate_after(None)
-            ctx.metrics.cut({"rows": 0, "bytes": 0})
-            ctx.evals.cut({"rows": 0, "bytes": 0})
-        dist.barrier()
         return None
     state = checkpoint.read_state(ckpt)
     damaged = checkpoint.verify(ckpt, state)
@@ -90,22 +88,35 @@ def restore(ctx) -> dict | None:
         raise UsageError(f"--resume: checkpoint {ckpt} is damaged ({damaged}); delete that "
                          f"folder to resume from the checkpoint before it, or start over with "
                          f"--force")
-    if state["world_size"] != ctx.world_size:
+    if state["world_size"] != world_size:
         raise UsageError(f"--resume: the checkpoint was written by {state['world_size']} ranks, "
-                         f"this run has {ctx.world_size}; use --nproc {state['world_size']}")
+                         f"this run has {world_size}; use --nproc {state['world_size']}")
+    covers = state.get("covers")
+    if covers is not None:
+        check_history(HistoryStore(run_dir, readonly=True), covers, ckpt)
+        MetricsLog(run_dir).check(covers["metrics"], ckpt)
+        MetricsLog(run_dir, "eval.jsonl").check(covers["eval"], ckpt)
+    return state
+
+
+def restore(ctx, state: dict | None) -> None:
+    """Rank 0 cuts history, metrics and eval rows back to what `state`'s checkpoint
+    covers (everything, when there is no checkpoint: the run starts over)."""
     if ctx.rank == 0:
-        covers = state.get("covers")
-        if covers is None:  # written before state.json recorded its coverage
+        if state is None:
+            ctx.history.truncate_after(None)
+            ctx.metrics.cut({"rows": 0, "bytes": 0})
+            ctx.evals.cut({"rows": 0, "bytes": 0})
+        elif "covers" not in state:  # written before state.json recorded its coverage
             ctx.history.truncate_after(state["history_last_step"])
             ctx.metrics.truncate_after(state["step"])
             ctx.evals.truncate_after(state["step"])
         else:
-            check_history(ctx.history, covers, ckpt)
+            covers = state["covers"]
             ctx.history.truncate_after(covers["history_steps"] - 1)
-            ctx.metrics.cut(covers["metrics"], ckpt)
-            ctx.evals.cut(covers["eval"], ckpt)
+            ctx.metrics.cut(covers["metrics"])
+            ctx.evals.cut(covers["eval"])
     dist.barrier()
-    return state
 
 
 def check_history(store, covers: dict, ckpt: Path) -> None:

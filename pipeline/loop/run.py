@@ -55,11 +55,12 @@ def run(cfg: Config, resume: bool, force: bool, console) -> dict:
     rank, world = dist.init()
     rundir.check_run_dir(cfg, resume, force)  # every rank, before rank 0 writes anything
     lock = take_lock(cfg, rank)
-    rundir.check_run_dir(cfg, resume, force)  # again: a writer may have finished meanwhile
-    dist.barrier()
-    dist.bind_cpu_threads()
     try:
-        ctx = setup(cfg, rank, world, resume, force)
+        rundir.check_run_dir(cfg, resume, force)  # again: a writer may have finished meanwhile
+        state = commit.check_resume(Path(cfg.run.dir), world) if resume else None
+        dist.barrier()
+        dist.bind_cpu_threads()
+        ctx = setup(cfg, rank, world, resume, force, state)
         train(ctx, console)
     except OSError as exc:
         line = commit.disk_error(exc, Path(cfg.run.dir))
@@ -88,7 +89,8 @@ def take_lock(cfg: Config, rank: int) -> RunLock | None:
     return lock
 
 
-def setup(cfg: Config, rank: int, world: int, resume: bool, force: bool) -> Context:
+def setup(cfg: Config, rank: int, world: int, resume: bool, force: bool,
+          state: dict | None = None) -> Context:
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -121,14 +123,14 @@ def setup(cfg: Config, rank: int, world: int, resume: bool, force: bool) -> Cont
         ctx.metrics = MetricsLog(run_dir)
         ctx.evals = MetricsLog(run_dir, EVAL_FILE)
     if resume:
-        restore(ctx)
+        restore(ctx, state)
     return ctx
 
 
-def restore(ctx: Context) -> None:
-    """Load the last complete checkpoint; history, metrics and evaluation rows are cut back
-    to what it covers (loop.commit.restore). No checkpoint yet: start over from step 0."""
-    state = commit.restore(ctx)
+def restore(ctx: Context, state: dict | None) -> None:
+    """Load the checkpoint `state` describes (checked by loop.commit.check_resume); history,
+    metrics and evaluation rows are cut back to what it covers. None: start over."""
+    commit.restore(ctx, state)
     if state is not None:
         ckpt = ctx.run_dir / "checkpoints" / f"step-{state['step']:06d}"
         ctx.actor.load(ckpt)
