@@ -19,7 +19,10 @@ TEST_SFT_STEPS = 300
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
-    """A real tiny policy (tokenizer + Llama + short SFT) in Hugging-Face format."""
+    """A real tiny policy (tokenizer + Llama + short SFT) in Hugging-Face format.
+    RHYMECTL_TEST_MODEL=DIR uses an already built one instead (a busy machine saves the SFT)."""
+    if os.environ.get("RHYMECTL_TEST_MODEL"):
+        return Path(os.environ["RHYMECTL_TEST_MODEL"])
     from dataclasses import replace
 
     from pipeline.policy.bootstrap import InitSpec, init_model

@@ -42,9 +42,8 @@ CHAIN_NONE = [
     ("mid_history_write", -9),
     ("mid_eval", -9),                 # step 4's evaluation, rows of step 3 provisional
     ("mid_index_build", -9),          # step 4's commit: index temp file written
-    ("mid_history_write:2:ENOSPC", 1),
-    ("mid_index_build:ENOSPC", 1),
-    ("mid_checkpoint_write:EACCES", 1),
+    ("mid_history_write:2:ENOSPC", 1),  # step 4's history file: disk full
+    ("mid_checkpoint_write:EACCES", 1),  # step 4's checkpoint: unwritable
 ]
 CHAIN_SPEC = [("after_sync:3", -9), ("mid_index_build", -9), ("after_metrics_append:2", -9)]
 
