@@ -232,3 +232,45 @@ def test_disk_errors_become_one_line_naming_the_file_and_the_way_back(tmp_path):
     assert "rerun with --resume" in line and "\n" not in line
     assert "permission denied" in commit.disk_error(OSError(errno.EACCES, "x"), tmp_path)
     assert commit.disk_error(OSError(errno.ENOENT, "x"), tmp_path) is None
+
+
+# ------------------------------------------------------------------ a full disk mid-write
+
+def test_enospc_mid_history_write_leaves_the_committed_steps_and_no_temp_file(tmp_path, monkeypatch):
+    store = HistoryStore(tmp_path)
+    store.append(0, _records(0))
+    monkeypatch.setattr(faults, "_hits", {})
+    monkeypatch.setenv(faults.ENV, "mid_history_write:ENOSPC")
+    with pytest.raises(OSError) as info:
+        store.append(1, _records(1))
+    assert info.value.errno == errno.ENOSPC and info.value.filename == str(store.path(1))
+    assert store.steps() == [0] and store.rows(0) == 4
+    assert sorted(p.name for p in store.dir.iterdir()) == ["step-000000.parquet"]
+    monkeypatch.delenv(faults.ENV)
+    store.append(1, _records(1))  # space is back
+    assert store.steps() == [0, 1]
+
+
+def test_enospc_mid_index_build_keeps_the_previous_index(tmp_path, monkeypatch):
+    from pipeline.history import index
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "tokenizer.json").write_text('{"model": {"vocab": {"a": 0}}}')
+    (model / "config.json").write_text(json.dumps({"hidden_size": 8, "torch_dtype": "float32",
+                                                   "transformers_version": "4.50.0"}))
+    run = tmp_path / "run"
+    store = HistoryStore(run)
+    store.append(0, _records(0))
+    index.build(run, model, 2)
+    before = {p.name: p.read_bytes() for p in (run / "index").iterdir()}
+    store.append(1, _records(1))
+    monkeypatch.setattr(faults, "_hits", {})
+    monkeypatch.setenv(faults.ENV, "mid_index_build:ENOSPC")
+    with pytest.raises(OSError) as info:
+        index.build(run, model, 2)
+    assert info.value.errno == errno.ENOSPC
+    assert {p.name: p.read_bytes() for p in (run / "index").iterdir()} == before
+    assert "no space left on device" in commit.disk_error(info.value, run)
+    monkeypatch.delenv(faults.ENV)
+    assert index.build(run, model, 2).last_step == 1
