@@ -183,3 +183,34 @@ def test_corrupt_files_are_refused_with_one_line_and_nothing_changed(
     assert len(errors) == 1 and expected in errors[0], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert _tree(run_dir) == before
+
+
+def test_a_second_writer_is_refused_with_the_holders_host_and_pid(tiny_model, reference_dir,
+                                                                   tmp_path):
+    """A run directory in use: `train --resume` (a Slurm requeue, a double submission)
+    and `index build` stop with one line and exit 2 and change nothing."""
+    import shutil
+    import socket
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_dir, run_dir)
+    hold = ("import sys, time\nfrom pipeline.loop.lock import RunLock\n"
+            "RunLock(sys.argv[1]).acquire()\nprint('held', flush=True)\ntime.sleep(300)")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(run_dir)], cwd=REPO,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = _tree(run_dir)
+        proc = train(tiny_model, run_dir, "spec.method=none", "train.total_steps=6", resume=True)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+        assert len(errors) == 1, proc.stderr[-2000:]
+        assert f"is in use by rhymectl train pid {holder.pid} on host {socket.gethostname()}" \
+            in errors[0]
+        index = subprocess.run([sys.executable, "-m", "rhymectl", "index", "build", str(run_dir)],
+                               capture_output=True, text=True, cwd=REPO, timeout=300)
+        assert index.returncode == 2 and f"pid {holder.pid}" in index.stderr, index.stderr
+        assert _tree(run_dir) == before
+    finally:
+        holder.kill()
+        holder.wait()
