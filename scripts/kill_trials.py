@@ -30,9 +30,10 @@ sys.path.insert(0, str(REPO))
 
 from pipeline.loop import audit  # noqa: E402
 
-SMALL = ["data.train_batch_size=4", "train.ppo_mini_batch_size=2", "rollout.n=4",
-         "rollout.max_tokens=48", "data.max_prompt_length=24", "data.eval_size=8",
-         "train.total_steps=10", "run.checkpoint_every=2", "run.eval_every=2"]
+# Small enough for a shared 2-core box; any of it can be overridden on the command line.
+SMALL = ["data.train_batch_size=2", "train.ppo_mini_batch_size=2", "rollout.n=2",
+         "rollout.max_tokens=32", "data.max_prompt_length=24", "data.eval_size=4",
+         "train.total_steps=6", "run.checkpoint_every=2", "run.eval_every=2"]
 
 
 def start(model: Path, run_dir: Path, extra: list[str], resume: bool) -> subprocess.Popen:

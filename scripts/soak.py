@@ -8,7 +8,8 @@ step being run (metrics.jsonl), and prints: RSS growth per 100 steps after warm-
 least-squares slope over the per-step RSS after the first --warmup steps), the step-time
 slope (seconds per step, per 100 steps), and the history index's size against its bound
 (spec.history_epochs epochs per prompt). Writes OUT/soak.json and OUT/soak.png (RSS and
-step time over steps). Exit 1 if the run fails.
+step time over steps). Exit 1 if the run fails. `--minutes M` stops the run after M minutes and reports the steps
+that ran (a busy machine cannot always give a soak its 500 steps).
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--warmup", type=int, default=20, help="steps left out of the fits")
     ap.add_argument("--out", type=Path, default=Path("runs/soak"))
+    ap.add_argument("--minutes", type=float, default=None,
+                    help="stop the run after this long and report the steps it got through")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     run_dir = args.out / "run"
@@ -85,9 +88,15 @@ def main() -> int:
     samples = []  # (seconds, steps done, rss bytes)
     metrics = run_dir / "metrics.jsonl"
     started = time.time()
+    stopped = False
     while proc.poll() is None:
         done = metrics.read_text().count("\n") if metrics.exists() else 0
         samples.append((round(time.time() - started, 1), done, rss_bytes(proc.pid)))
+        if args.minutes is not None and time.time() - started > 60 * args.minutes:
+            proc.kill()  # out of time: what ran is still measured
+            proc.wait()
+            stopped = True
+            break
         time.sleep(1.0)
     rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
     # per step: the last RSS sample taken while that step was the latest finished one
@@ -100,7 +109,9 @@ def main() -> int:
                 for r in rows if r["step"] in rss_at]
     fit = [r for r in per_step if r["step"] > args.warmup]
     summary = {
-        "steps_run": len(rows), "steps_asked": args.steps, "exit": proc.returncode,
+        "steps_run": len(rows), "steps_asked": args.steps,
+        "exit": "stopped at --minutes" if stopped else proc.returncode,
+        "wall_s": round(time.time() - started, 1), "warmup_steps": args.warmup,
         "rss_mib_first_after_warmup": fit[0]["rss_mib"] if fit else None,
         "rss_mib_last": per_step[-1]["rss_mib"] if per_step else None,
         "rss_growth_mib_per_100_steps": round(100 * slope([r["step"] for r in fit],
@@ -126,7 +137,7 @@ def main() -> int:
     if per_step:
         plot(per_step, args.out / "soak.png")
     print(json.dumps(summary, indent=1))
-    return 0 if proc.returncode == 0 else 1
+    return 0 if proc.returncode == 0 or stopped else 1
 
 
 if __name__ == "__main__":
