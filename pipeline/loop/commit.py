@@ -39,7 +39,7 @@ from pathlib import Path
 
 from pipeline.errors import UsageError
 from pipeline.faults import fault
-from pipeline.loop import dist
+from pipeline import distributed as dist
 from pipeline.train import checkpoint
 
 DISK_ERRNOS = {28: "no space left on device", 122: "disk quota exceeded",

@@ -31,8 +31,8 @@ from typing import Any, Hashable, Sequence
 
 import numpy as np
 
-from pipeline.spec.budget import DraftBudget
-from pipeline.spec.drafter import GroupDrafter
+from pipeline.drafting.budget import DraftBudget
+from pipeline.drafting.drafter import GroupDrafter
 
 CLASS_PATH = "pipeline.rollout.proposer.RhymeProposer"
 

@@ -65,9 +65,9 @@ class Drafting:
 
     def __init__(self, runner, spec: SpecConfig):
         from pipeline.rollout.proposer import attach
-        from pipeline.spec.budget import DraftBudget
-        from pipeline.spec.build import budget_config, drafter_config
-        from pipeline.spec.drafter import GroupDrafter
+        from pipeline.drafting.budget import DraftBudget
+        from pipeline.drafting.build import budget_config, drafter_config
+        from pipeline.drafting.drafter import GroupDrafter
 
         self.spec = spec
         self.drafter = GroupDrafter(drafter_config(spec))
@@ -82,12 +82,12 @@ class Drafting:
     def after(self) -> None:
         """End of one `generate`. (The budget's cost model is not refitted from measured
         passes: a linear refit over a full batch's small passes prices verification too
-        high on CPU, see `pipeline.spec.budget.CostModel`.)"""
+        high on CPU, see `pipeline.costs.DRAFT_COST`.)"""
         self.proposer.end_step()
 
     def remember(self, records: Sequence) -> None:
         """Add one step's rollout records (all ranks') to the per-prompt history."""
-        from pipeline.spec.drafter import history_from_records
+        from pipeline.drafting.inputs import history_from_records
 
         by_prompt = history_from_records(records)
         epoch = {r.prompt_hash: r.epoch for r in records}
@@ -103,7 +103,7 @@ class Drafting:
         """Refill the per-prompt window from a history index (`HistoryIndex.responses()`:
         prompt hash -> [(epoch, token ids, reward)], oldest first), e.g. after a resume.
         Returns the prompts loaded."""
-        from pipeline.spec.drafter import HistoryResponse
+        from pipeline.drafting.inputs import HistoryResponse
 
         for key, rows in responses.items():
             window = self._epochs[key]
