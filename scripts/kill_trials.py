@@ -111,6 +111,7 @@ def main() -> int:
         print(f"{n:5d} | {result['kills']:5d} | {result['starts']:6d} | {cells[0]:>29} | "
               f"{cells[1]:>7} | {cells[2]:>4} | {status}", flush=True)
         rows.append({"trial": n, **result, **{k: report[k] for k in report}})
+        (args.out / "trials.json").write_text(json.dumps(rows, indent=1))  # kept if stopped
         shutil.rmtree(run_dir, ignore_errors=True)
     kills = sum(r["kills"] for r in rows)
     print(f"total: {len(rows)} trials, {kills} kills, {total_lost} rows lost, duplicated or "

@@ -25,8 +25,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-TINY = ["data.train_batch_size=8", "train.ppo_mini_batch_size=4", "rollout.n=4",
-        "rollout.max_tokens=64", "data.train_size=64", "data.eval_size=16",
+# Small steps so that a shared 2-core box gets through many: 8 steps per epoch, so history
+# drafting and the index's last-K-epochs bound are exercised from step 9 on.
+TINY = ["data.train_batch_size=4", "train.ppo_mini_batch_size=4", "rollout.n=4",
+        "rollout.max_tokens=48", "data.train_size=32", "data.eval_size=16",
         "spec.method=history+group", "run.checkpoint_every=50", "run.eval_every=100"]
 
 
