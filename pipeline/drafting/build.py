@@ -7,8 +7,6 @@ from pipeline.costs import DRAFT_COST, CostModel
 from pipeline.drafting.budget import BudgetConfig
 from pipeline.drafting.inputs import DrafterConfig
 
-DRAFTER_METHODS = ("history", "group", "history+group")  # served by GroupDrafter
-
 
 def drafter_config(spec: SpecConfig) -> DrafterConfig:
     """Raises ValueError for methods GroupDrafter does not serve (none, ngram, suffix)."""
@@ -23,4 +21,4 @@ def budget_config(spec: SpecConfig, cost: CostModel = DRAFT_COST) -> BudgetConfi
     return BudgetConfig(max_len=max_len, start_len=min(2, max_len), min_len=1, cost=cost)
 
 
-__all__ = ["DRAFTER_METHODS", "budget_config", "drafter_config"]
+__all__ = ["budget_config", "drafter_config"]

@@ -65,7 +65,7 @@ def commit_step(ctx, steps_done: int) -> None:
                  "policy_version": ctx.policy_version, "history_last_step": steps_done - 1,
                  "world_size": ctx.world_size, "pid": os.getpid(),
                  "covers": {"history_steps": steps_done,
-                            "history_rows": ctx.history.num_records(),
+                            "history_rows": sum(map(ctx.history.rows, ctx.history.steps())),
                             "metrics": ctx.metrics.coverage(), "eval": ctx.evals.coverage()}}
         checkpoint.commit(root, steps_done, state, Path(cfg.model.path),
                           cfg.run.keep_checkpoints)
