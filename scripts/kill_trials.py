@@ -41,14 +41,22 @@ def start(model: Path, run_dir: Path, extra: list[str], resume: bool) -> subproc
            f"model.path={model}", f"run.dir={run_dir}", *SMALL, *extra] + ["--resume"] * resume
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false",
                HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    log = open(run_dir.parent / f"{run_dir.name}.log", "a")  # a pipe could fill and block it
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=log,
+                            start_new_session=True)
+
+
+def last_error(run_dir: Path) -> list[str]:
+    lines = (run_dir.parent / f"{run_dir.name}.log").read_text().strip().splitlines()
+    return [line for line in lines if line.startswith("error:")][-1:] or lines[-1:]
 
 
 def trial(model: Path, run_dir: Path, extra: list[str], rng: random.Random, lo: float,
           hi: float, max_kills: int) -> dict:
     kills, starts, resume = 0, 0, False
     while True:
+        began = time.time()
         proc = start(model, run_dir, extra, resume)
         starts += 1
         deadline = time.time() + rng.uniform(lo, hi) if kills < max_kills else None
@@ -57,15 +65,15 @@ def trial(model: Path, run_dir: Path, extra: list[str], rng: random.Random, lo: 
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            proc.stderr.close()
             kills += 1
             resume = True
             continue
-        err = proc.stderr.read()
-        proc.stderr.close()
         if proc.returncode != 0:
-            return {"kills": kills, "starts": starts, "error": err.strip().splitlines()[-1:]}
-        return {"kills": kills, "starts": starts}
+            return {"kills": kills, "starts": starts, "error": last_error(run_dir)}
+        done = {"kills": kills, "starts": starts}
+        if deadline is not None:  # finished before its kill came
+            done["unkilled_s"] = round(time.time() - began, 1)
+        return done
 
 
 def main() -> int:
@@ -76,6 +84,10 @@ def main() -> int:
     ap.add_argument("--min-s", type=float, default=3.0, help="earliest kill, seconds after start")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("runs/kill-trials"))
+    ap.add_argument("--reference", type=Path, default=None,
+                    help="an uninterrupted run of the same settings to reuse (else one is run)")
+    ap.add_argument("--window", type=float, default=None,
+                    help="latest kill, seconds after start [the reference's wall time]")
     ap.add_argument("overrides", nargs="*", help="key=value for every run")
     args = ap.parse_args()
     extra = list(args.overrides)
@@ -83,23 +95,26 @@ def main() -> int:
         extra.append("spec.method=none")
     exact = "spec.method=none" in extra
     shutil.rmtree(args.out, ignore_errors=True)
-    ref_dir = args.out / "reference"
-    t0 = time.time()
-    proc = start(args.model.resolve(), ref_dir, extra, resume=False)
-    err = proc.stderr.read()
-    if proc.wait() != 0:
-        print(f"reference run failed: {err.strip().splitlines()[-1:]}", file=sys.stderr)
-        return 1
-    ref_s = time.time() - t0
+    ref_dir = args.reference or args.out / "reference"
+    ref_s = args.window
+    if args.reference is None:
+        t0 = time.time()
+        proc = start(args.model.resolve(), ref_dir, extra, resume=False)
+        if proc.wait() != 0:
+            print(f"reference run failed: {last_error(ref_dir)}", file=sys.stderr)
+            return 1
+        ref_s = ref_s or time.time() - t0
     reference = audit.snapshot(ref_dir)
     rng = random.Random(args.seed)
     rows, total_lost = [], 0
-    print(f"reference: {ref_s:.0f} s; kills drawn from U[{args.min_s:.0f}, {ref_s:.0f}] s; "
+    print(f"kills drawn from U[{args.min_s:.0f}, {ref_s:.0f}] s after each start; "
           f"compare {'bit for bit' if exact else 'for completeness'}", flush=True)
     print("trial | kills | starts | history lost/dup/extra/differ | metrics | eval | status")
     for n in range(args.trials):
         run_dir = args.out / f"trial-{n:02d}"
         result = trial(args.model.resolve(), run_dir, extra, rng, args.min_s, ref_s, args.kills)
+        if result.get("unkilled_s"):  # the machine got faster: kill within the run's length
+            ref_s = max(args.min_s + 1, 0.9 * result["unkilled_s"])
         report = audit.compare(reference, audit.snapshot(run_dir), exact=exact)
         if not exact:
             for part in report.values():  # contents differ by design: count rows only
@@ -108,11 +123,14 @@ def main() -> int:
         total_lost += lost
         cells = ["/".join(str(v) for v in report[k].values()) for k in ("history", "metrics", "eval")]
         status = "ok" if lost == 0 and "error" not in result else result.get("error", "rows differ")
+        if result.get("unkilled_s"):
+            status += f" (last start outran its kill; window now {ref_s:.0f} s)"
         print(f"{n:5d} | {result['kills']:5d} | {result['starts']:6d} | {cells[0]:>29} | "
               f"{cells[1]:>7} | {cells[2]:>4} | {status}", flush=True)
         rows.append({"trial": n, **result, **{k: report[k] for k in report}})
         (args.out / "trials.json").write_text(json.dumps(rows, indent=1))  # kept if stopped
         shutil.rmtree(run_dir, ignore_errors=True)
+        (args.out / f"{run_dir.name}.log").unlink(missing_ok=True)
     kills = sum(r["kills"] for r in rows)
     print(f"total: {len(rows)} trials, {kills} kills, {total_lost} rows lost, duplicated or "
           f"different")
