@@ -127,7 +127,15 @@ def check_history(store, covers: dict, ckpt: Path) -> None:
         raise UsageError(f"--resume: history step file {store.path(missing[0])} is missing but "
                          f"checkpoint {ckpt.name} covers it; restore the file, or start over "
                          f"with --force")
-    rows = sum(store.rows(s) for s in range(covers["history_steps"]))  # footers only
+    rows = 0
+    for step in range(covers["history_steps"]):  # parquet footers only
+        try:
+            rows += store.rows(step)
+        except UsageError as exc:  # its "roll back with --resume" advice does not apply here
+            reason = str(exc.__cause__ or "unreadable").splitlines()[0]
+            raise UsageError(f"--resume: history file {store.path(step)} is corrupt or truncated "
+                             f"({reason}) but checkpoint {ckpt.name} covers it; restore the "
+                             f"file, or start over with --force") from None
     if rows != covers["history_rows"]:
         raise UsageError(f"--resume: history holds {rows} rows in steps 0..{covers['history_steps'] - 1}, "
                          f"checkpoint {ckpt.name} recorded {covers['history_rows']}; the history "
