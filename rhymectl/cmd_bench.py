@@ -107,7 +107,10 @@ def _measure(plan, names, config, overrides, plot):
     load = workload(plan, work, results)
     title = (f"{load['task']}: epochs {load['epochs_measured']} × {load['steps_per_epoch']} steps × "
              f"{load['sequences_per_step']} sequences, T={load['temperature']}")
-    plot_path = write_plot(summary, plot or plan.run_dir / "report" / "bench-spec.png", title)
+    from pipeline.loop.lock import held
+
+    with held(plan.run_dir, "rhymectl bench spec"):  # writes into the run directory
+        plot_path = write_plot(summary, plot or plan.run_dir / "report" / "bench-spec.png", title)
     return {"methods": summary, "workload": load}, plot_path
 
 
@@ -205,7 +208,13 @@ def sched(
     source = "simulated" if simulate else "real"
     title = (f"{Path(lengths.source).name}: {workers} workers × {requests_per_worker} requests, "
              f"spec {spec}, {source}")
-    plot_path = write_gantt(results, plot, title)
+    from contextlib import nullcontext
+
+    from pipeline.loop.lock import held
+
+    inside = trace is None and Path(plot).resolve().is_relative_to(Path(run_dir).resolve())
+    with held(run_dir, "rhymectl bench sched") if inside else nullcontext():
+        plot_path = write_gantt(results, plot, title)
     if json_out:
         report = bench_json(results, workers, source)
         if not simulate:

@@ -38,9 +38,11 @@ def build(
     json_out: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
 ) -> None:
     from pipeline.history import index
+    from pipeline.loop.lock import held
 
     model_dir, k = _from_config(run_dir, model, epochs, need_epochs=True)
-    stats = index.build(run_dir, model_dir, k, rebuild=rebuild)
+    with held(run_dir, "rhymectl index build"):  # a writer: not next to a training run
+        stats = index.build(run_dir, model_dir, k, rebuild=rebuild)
     if stats.warning:
         log.print(f"warning: {stats.warning}", markup=False, soft_wrap=True)
     if json_out:

@@ -136,7 +136,9 @@ class DeepSpeedConfig:
 class RunConfig:
     """Run directory, cadence and reproducibility."""
 
-    dir: str = "runs/tiny"
+    dir: str = field(default="runs/tiny", metadata=_check(
+        "a directory path without '..' components (writes stay inside it)",
+        lambda v: bool(v.strip()) and "\0" not in v and ".." not in v.replace("\\", "/").split("/")))
     seed: int = 0
     checkpoint_every: int = positive(10)  # steps
     keep_checkpoints: int = positive(2)

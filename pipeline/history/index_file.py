@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from pipeline.atomic import write_atomic, write_json_atomic
 from pipeline.errors import UsageError
+from pipeline.faults import fault
 
 FORMAT = 1
 INDEX_DIR = "index"  # under the run directory
@@ -92,6 +93,7 @@ def write(index_dir: Path, rows: list[Row], meta: dict) -> dict:
         with pq.ParquetWriter(tmp, schema) as writer:
             for chunk in _chunks(rows):
                 writer.write_table(_table(chunk, schema), row_group_size=max(len(chunk), 1))
+        fault("mid_index_build", path)
 
     write_atomic(path, write_parquet)
     extra = {"sha256": _sha256(path), "file_bytes": path.stat().st_size}

@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 
 from pipeline.atomic import write_atomic
 from pipeline.errors import UsageError
+from pipeline.faults import fault
 
 SCHEMA = pa.schema([
     ("prompt_id", pa.string()),
@@ -162,7 +163,12 @@ class HistoryStore:
                              f"append step {step}: rerun with --resume to continue this run "
                              f"from its last checkpoint, or use a new run directory")
         table = _to_table(records)
-        return write_atomic(path, lambda tmp: pq.write_table(table, tmp))
+
+        def write(tmp: Path) -> None:
+            pq.write_table(table, tmp)
+            fault("mid_history_write", path)
+
+        return write_atomic(path, write)
 
     def truncate_after(self, step: int | None) -> list[int]:
         """Delete step files newer than `step` (all when None); returns the deleted steps.
@@ -184,6 +190,14 @@ class HistoryStore:
     def last_step(self) -> int | None:
         steps = self.steps()
         return steps[-1] if steps else None
+
+    def rows(self, step: int) -> int:
+        """Rows of one step file, from its parquet footer (a truncated file has none)."""
+        try:
+            return pq.ParquetFile(self.path(step)).metadata.num_rows
+        except (pa.ArrowException, OSError) as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise _unreadable(self.path(step), reason) from exc
 
     def read_step(self, step: int) -> list[RolloutRecord]:
         path = self.path(step)

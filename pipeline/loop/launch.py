@@ -25,7 +25,7 @@ from pipeline.atomic import write_json_atomic
 from pipeline.config import Config, load_config
 from pipeline.distributed import free_port
 from pipeline.errors import RuntimeFailure, UsageError
-from pipeline.loop import rundir
+from pipeline.loop import lock, rundir
 from pipeline.loop.metrics import format_line
 from pipeline.loop.preflight import preflight
 from pipeline.loop.run import ViewFactory, run
@@ -44,6 +44,7 @@ def launch(cfg: Config, config_path: Path, overrides: list[str], resume: bool, f
     `nproc` ranks), else None."""
     if nproc > 1 and not under_torchrun():
         rundir.check_run_dir(cfg, resume, force)  # fail here, before starting the ranks
+        lock.probe(cfg.run.dir)  # rank 0 takes the lock itself
         return spawn(config_path, overrides, resume, force, nproc)
     return run(cfg, resume, force, view)  # which checks the run directory on every rank
 

@@ -122,6 +122,50 @@ class MetricsLog:
         self._tail_checked = True  # the rewrite ends with a newline
         return len(kept)
 
+    def coverage(self) -> dict:
+        """{"rows", "bytes", "sha256"} of the file as it is now: what a checkpoint covers."""
+        import hashlib
+
+        data = self.path.read_bytes() if self.path.exists() else b""
+        return {"rows": data.count(b"\n"), "bytes": len(data),
+                "sha256": hashlib.sha256(data).hexdigest()}
+
+    def check(self, covered: dict, checkpoint: Path | None = None) -> None:
+        """The file still starts with the prefix a checkpoint covers (see loop.commit),
+        else UsageError: a damaged line in it, or a file written by another run, is
+        refused, never used. What follows the prefix is not looked at."""
+        size = self.path.stat().st_size if self.path.exists() else 0
+        keep = covered["bytes"]
+        source = f"checkpoint {checkpoint.name}" if checkpoint else "the checkpoint"
+        if size < keep:
+            raise UsageError(f"{self.path} is shorter ({size} bytes) than the {keep} bytes "
+                             f"{source} covers (truncated, or written by another run); restore "
+                             f"it, or start over with --force")
+        if keep and "sha256" in covered:
+            import hashlib
+
+            with open(self.path, "rb") as fh:
+                digest = hashlib.sha256(fh.read(keep)).hexdigest()
+            if digest != covered["sha256"]:
+                raise UsageError(f"{self.path}: its first {covered['rows']} rows differ from "
+                                 f"what {source} recorded (damaged, edited, or written by "
+                                 f"another run); restore it, or start over with --force")
+
+    def cut(self, covered: dict, checkpoint: Path | None = None) -> int:
+        """Keep exactly the covered prefix, checked first; returns the bytes cut off.
+        Anything after it (provisional rows of steps a resume redoes, torn or garbled
+        ones included) goes."""
+        self.check(covered, checkpoint)
+        size = self.path.stat().st_size if self.path.exists() else 0
+        keep = covered["bytes"]
+        if size > keep:
+            with open(self.path, "rb+") as fh:
+                fh.truncate(keep)
+                fh.flush()
+                os.fsync(fh.fileno())
+        self._tail_checked = True
+        return size - keep
+
     def _drop_torn_tail(self) -> None:
         """Cut a torn last line so the next record starts on a line of its own."""
         if not self.path.exists():

@@ -1,12 +1,13 @@
 """A training run on one rank: setup → steps → cleanup.
 
-Rank 0 owns the run directory (config, metrics, history, checkpoint commits); every rank
-holds one vLLM engine and one DeepSpeed engine over the same policy.
+Rank 0 owns the run directory (config, metrics, history, checkpoint commits) and holds its
+lock (loop.lock) for the life of the run; every rank holds one vLLM engine and one
+DeepSpeed engine over the same policy. What a step writes, in which order, and when it
+counts as done: loop.commit.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -15,10 +16,12 @@ from typing import Callable, ContextManager, Protocol
 from pipeline import distributed as dist
 from pipeline.config import Config
 from pipeline.config.methods import method
-from pipeline.errors import UsageError
+from pipeline.errors import RuntimeFailure, UsageError
+from pipeline.faults import fault
 from pipeline.history import index
 from pipeline.history.store import HistoryStore
-from pipeline.loop import rundir
+from pipeline.loop import commit, rundir
+from pipeline.loop.lock import RunLock, announce
 from pipeline.loop.batches import PromptSource
 from pipeline.loop.context import Context
 from pipeline.loop.evaluate import evaluate
@@ -49,15 +52,43 @@ ViewFactory = Callable[[int, int], ContextManager[StepView]]
 def run(cfg: Config, resume: bool, force: bool, view: ViewFactory | None = None) -> dict:
     rank, world = dist.init()
     rundir.check_run_dir(cfg, resume, force)  # every rank, before rank 0 writes anything
-    dist.barrier()
-    dist.bind_cpu_threads()
-    ctx = setup(cfg, rank, world, resume, force)
-    train(ctx, view)
+    lock = take_lock(cfg, rank)
+    try:
+        rundir.check_run_dir(cfg, resume, force)  # again: a writer may have finished meanwhile
+        state = commit.check_resume(Path(cfg.run.dir), world) if resume else None
+        dist.barrier()
+        dist.bind_cpu_threads()
+        ctx = setup(cfg, rank, world, resume, force, state)
+        train(ctx, view)
+    except OSError as exc:
+        line = commit.disk_error(exc, Path(cfg.run.dir))
+        if line is None:
+            raise
+        raise RuntimeFailure(line) from exc
+    finally:
+        if lock is not None:
+            lock.release()
     dist.barrier()
     return ctx.summary if rank == 0 else None
 
 
-def setup(cfg: Config, rank: int, world: int, resume: bool, force: bool) -> Context:
+def take_lock(cfg: Config, rank: int) -> RunLock | None:
+    """Rank 0 takes the run-directory lock; if it cannot, every rank stops with its line."""
+    lock, refusal = None, None
+    if rank == 0:
+        try:
+            lock = RunLock(cfg.run.dir, "rhymectl train").acquire()
+            announce(lock)
+        except UsageError as exc:
+            refusal = str(exc)
+    refusal = dist.all_gather(refusal)[0]
+    if refusal:
+        raise UsageError(refusal)
+    return lock
+
+
+def setup(cfg: Config, rank: int, world: int, resume: bool, force: bool,
+          state: dict | None = None) -> Context:
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -85,33 +116,23 @@ def setup(cfg: Config, rank: int, world: int, resume: bool, force: bool) -> Cont
         ctx.metrics = MetricsLog(run_dir)
         ctx.evals = MetricsLog(run_dir, EVAL_FILE)
     if resume:
-        restore(ctx)
+        restore(ctx, state)
     if rank == 0:
         ctx.loggers = Loggers.open(cfg, run_dir, ctx.start_step, resume)
     return ctx
 
 
-def restore(ctx: Context) -> None:
-    """Load the last complete checkpoint and roll history and metrics back to it."""
-
-    ckpt = checkpoint.latest(ctx.run_dir / "checkpoints")
-    if ckpt is None:
-        raise UsageError(f"--resume: {ctx.run_dir} has no complete checkpoint yet; start over "
-                         f"with --force")
-    state = checkpoint.read_state(ckpt)
-    if state["world_size"] != ctx.world_size:
-        raise UsageError(f"--resume: the checkpoint was written by {state['world_size']} ranks, "
-                         f"this run has {ctx.world_size}; use --nproc {state['world_size']}")
-    ctx.actor.load(ckpt)
-    checkpoint.load_rng(ckpt, ctx.rank)
-    ctx.start_step = state["step"]
-    ctx.policy_version = state["policy_version"]
-    ctx.engine.update_weights(ctx.actor.named_weights(), ctx.policy_version)
-    if ctx.rank == 0:
-        ctx.history.truncate_after(state["history_last_step"])
-        ctx.metrics.truncate_after(state["step"])
-        ctx.evals.truncate_after(state["step"])
-    dist.barrier()
+def restore(ctx: Context, state: dict | None) -> None:
+    """Load the checkpoint `state` describes (checked by loop.commit.check_resume); history,
+    metrics and evaluation rows are cut back to what it covers. None: start over."""
+    commit.restore(ctx, state)
+    if state is not None:
+        ckpt = ctx.run_dir / "checkpoints" / f"step-{state['step']:06d}"
+        ctx.actor.load(ckpt)
+        checkpoint.load_rng(ckpt, ctx.rank)
+        ctx.start_step = state["step"]
+        ctx.policy_version = state["policy_version"]
+        ctx.engine.update_weights(ctx.actor.named_weights(), ctx.policy_version)
     restore_drafting(ctx)
     if ctx.scheduler is not None:
         ctx.scheduler.load_history(ctx.run_dir)
@@ -142,6 +163,7 @@ def restore_drafting(ctx: Context) -> None:
 
 
 def train(ctx: Context, view_factory: ViewFactory | None = None) -> None:
+    """The steps, each written in the order loop.commit sets out."""
     cfg = ctx.cfg
     total = cfg.train.total_steps
     started = time.time()
@@ -149,7 +171,9 @@ def train(ctx: Context, view_factory: ViewFactory | None = None) -> None:
     console_on = "console" in cfg.run.loggers
     show = view_factory if ctx.rank == 0 and view_factory is not None and console_on else None
     if ctx.start_step == 0:
-        run_eval(ctx, 0)
+        row = run_eval(ctx, 0)
+        if ctx.rank == 0 and row:
+            ctx.evals.append(row)
     with show(total, ctx.start_step) if show else nullcontext() as view:
         for step in range(ctx.start_step, total):
             step_started = time.perf_counter()
@@ -158,20 +182,26 @@ def train(ctx: Context, view_factory: ViewFactory | None = None) -> None:
                 t0 = time.perf_counter()
                 ctx.history.append(step, result.records)
                 result.metrics["time_history_s"] = round(time.perf_counter() - t0, 4)
-            if (step + 1) % cfg.run.checkpoint_every == 0 or step + 1 == total:
-                t0 = time.perf_counter()
-                save(ctx, step + 1)
-                result.metrics["time_checkpoint_s"] = round(time.perf_counter() - t0, 4)
-            result.metrics["time_step_s"] = round(time.perf_counter() - step_started, 4)
             every = cfg.run.eval_every
+            row = {}
             if (every and (step + 1) % every == 0) or step + 1 == total:
-                for key, value in run_eval(ctx, step + 1).items():
-                    result.metrics[f"eval_{key}"] = value
+                row = run_eval(ctx, step + 1)
+                for key, value in row.items():
+                    if key != "step":
+                        result.metrics[f"eval_{key}"] = value
+            result.metrics["time_step_s"] = round(time.perf_counter() - step_started, 4)
             if ctx.rank == 0:
+                if row:
+                    ctx.evals.append(row)
                 ctx.metrics.append(result.metrics)
                 ctx.loggers.log(result.metrics)
-                if view is not None:
-                    view.update(result.metrics)
+                fault("after_metrics_append")
+            if (step + 1) % cfg.run.checkpoint_every == 0 or step + 1 == total:
+                t0 = time.perf_counter()
+                commit.commit_step(ctx, step + 1)  # the commit point of every step so far
+                result.metrics["time_checkpoint_s"] = round(time.perf_counter() - t0, 4)
+            if view is not None:
+                view.update(result.metrics)
             last = result.metrics
     if ctx.loggers:
         ctx.loggers.close()
@@ -181,29 +211,9 @@ def train(ctx: Context, view_factory: ViewFactory | None = None) -> None:
 
 
 def run_eval(ctx: Context, steps_done: int) -> dict:
-    """Greedy held-out evaluation; appended to eval.jsonl by rank 0."""
+    """Greedy held-out evaluation: the eval.jsonl row rank 0 appends ({} without prompts)."""
     if not ctx.eval_set:
         return {}
     result = evaluate(ctx, ctx.eval_set)
-    if ctx.rank == 0:
-        ctx.evals.append({"step": steps_done, **result})
-    return result
-
-
-def save(ctx: Context, steps_done: int) -> None:
-    root = ctx.run_dir / "checkpoints"
-    if ctx.rank == 0:
-        checkpoint.prepare(root, steps_done)
-    dist.barrier()
-    tmp = checkpoint.tmp_dir(root, steps_done)
-    ctx.actor.save(tmp, tmp / "policy" if ctx.rank == 0 else None)
-    checkpoint.save_rng(tmp, ctx.rank)
-    dist.barrier()
-    if ctx.rank == 0:
-        state = {"step": steps_done, "epoch": ctx.prompts.epoch_of(steps_done - 1),
-                 "policy_version": ctx.policy_version, "history_last_step": steps_done - 1,
-                 "world_size": ctx.world_size, "pid": os.getpid()}
-        checkpoint.commit(root, steps_done, state, Path(ctx.cfg.model.path), ctx.cfg.run.keep_checkpoints)
-
-        index.build(ctx.run_dir, ctx.cfg.model.path, ctx.cfg.spec.history_epochs)  # for restarts
-    dist.barrier()
+    fault("mid_eval")
+    return {"step": steps_done, **result}

@@ -5,6 +5,7 @@ one run from overwriting or resuming another.
     RUN_DIR/metrics.jsonl   one line per step      RUN_DIR/history/   rollout store
     RUN_DIR/checkpoints/step-NNNNNN/   complete checkpoints only (see train.checkpoint)
     RUN_DIR/index/          history index: last K epochs per prompt (see history.index)
+    RUN_DIR/eval.jsonl      held-out evaluations   RUN_DIR/.writer.lock  the writer's lock
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from pipeline.atomic import write_json_atomic, write_text_atomic
 from pipeline.config import Config, to_dict, to_yaml
 from pipeline.errors import UsageError
+from pipeline.loop.lock import LOCK_FILE
 
 # Keys a resumed run may change without becoming a different run.
 RESUMABLE_KEYS = ("run.dir", "train.total_steps", "run.checkpoint_every", "run.keep_checkpoints",
@@ -53,7 +55,7 @@ def identity(cfg: Config) -> dict:
 def check_run_dir(cfg: Config, resume: bool, force: bool) -> None:
     """Refuse, before any work, to overwrite or resume a run that is not this one."""
     d = Path(cfg.run.dir)
-    entries = {p.name for p in d.iterdir()} if d.is_dir() else set()
+    entries = {p.name for p in d.iterdir()} - {LOCK_FILE} if d.is_dir() else set()
     if d.exists() and not d.is_dir():
         raise UsageError(f"run.dir = {d} is a file; choose a directory")
     if not entries:

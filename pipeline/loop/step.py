@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeline import distributed as dist
+from pipeline.faults import fault
 from pipeline.costs import bubble_ratio, tail_s
 from pipeline.loop import rollouts
 from pipeline.loop.batches import shard
@@ -35,15 +36,18 @@ def rl_step(ctx: Context, step: int) -> StepResult:
         else:
             group = scheduler.generate(ctx, step, sampling(cfg, step))
         ctx.engine.sleep()
+    fault("after_rollout")
     busy_s = scheduler.busy_seconds(ctx.rank) if scheduler else phases.seconds["rollout"]
     with phases("reward"):
         rollouts.score(group, ctx.reward_fn)
     with phases("train"):
         batch = rollouts.to_batch(group, ctx.tokenizer.pad_token_id, cfg.train.adv_estimator)
         train_metrics = ctx.actor.update(batch)
+    fault("after_train")
     with phases("sync"):
         ctx.engine.update_weights(ctx.actor.named_weights(), version + 1)
         ctx.policy_version = version + 1
+    fault("after_sync")
     spec_metrics = ctx.engine.spec_metrics()
     with phases("gather"):
         records = rollouts.to_records(group, epoch, step, version)

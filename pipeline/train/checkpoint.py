@@ -7,7 +7,9 @@ which `latest()` ignores and the next save replaces. Contents:
     ds/                     DeepSpeed engine and optimiser state (all ranks' shards)
     policy/                 the policy in Hugging-Face format (safetensors + tokenizer)
     rng-rank{R}.safetensors torch RNG state of rank R
-    state.json              step, epoch, policy version, history position, world size
+    state.json              step, epoch, policy version, history position, world size,
+                            what the checkpoint covers (see loop.commit) and `files`, every
+                            file above with its size (a missing shard is detected on resume)
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ def commit(root: Path, step: int, state: dict, model_dir: Path, keep: int) -> Pa
     for name in TOKENIZER_FILES:
         if (model_dir / name).is_file():
             shutil.copy2(model_dir / name, tmp / "policy" / name)
+    state = {**state, "files": manifest(tmp)}
     write_json_atomic(tmp / "state.json", state)
     final = step_dir(root, step)
     shutil.rmtree(final, ignore_errors=True)
@@ -88,4 +91,29 @@ def commit(root: Path, step: int, state: dict, model_dir: Path, keep: int) -> Pa
 
 
 def read_state(directory: Path) -> dict:
-    return json.loads((directory / "state.json").read_text())
+    from pipeline.errors import UsageError
+
+    try:
+        state = json.loads((directory / "state.json").read_text())
+    except (OSError, ValueError):
+        raise UsageError(f"{directory}/state.json is unreadable; delete {directory} to resume "
+                         f"from the checkpoint before it") from None
+    return state
+
+
+def manifest(directory: Path) -> dict[str, int]:
+    """Every file under `directory` (relative path -> bytes), state.json excepted."""
+    return {str(p.relative_to(directory)): p.stat().st_size
+            for p in sorted(directory.rglob("*")) if p.is_file() and p.name != "state.json"}
+
+
+def verify(directory: Path, state: dict) -> str | None:
+    """What is wrong with a checkpoint against its manifest ("ds/x missing"), or None.
+    Checkpoints written before the manifest existed are not checked."""
+    for rel, size in (state.get("files") or {}).items():
+        path = directory / rel
+        if not path.is_file():
+            return f"{rel} missing"
+        if path.stat().st_size != size:
+            return f"{rel} has {path.stat().st_size} bytes, {size} were written"
+    return None

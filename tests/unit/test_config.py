@@ -194,6 +194,8 @@ RULES = {
     "run.keep_checkpoints": ("0", "0", POSITIVE),
     "run.eval_every": ("-1", "-1", NON_NEGATIVE),
     "run.threads": ("-2", "-2", NON_NEGATIVE),
+    "run.dir": ("runs/../x", "'runs/../x'",
+                "a directory path without '..' components (writes stay inside it)"),
     # literals
     "model.dtype": ("fp8", "'fp8'", "one of float32, bfloat16, float16"),
     "spec.method": ("fast", "'fast'", "one of none, ngram, suffix, history, group, history+group"),

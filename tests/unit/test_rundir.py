@@ -95,7 +95,7 @@ def test_only_complete_checkpoints_count(tmp_path):
     checkpoint.commit(root, 6, {"step": 6}, tmp_path, keep=2)
     assert sorted(p.name for p in root.glob("step-*") if (p / "state.json").exists()) == \
         ["step-000004", "step-000006"]
-    assert checkpoint.read_state(checkpoint.latest(root)) == {"step": 6}
+    assert checkpoint.read_state(checkpoint.latest(root)) == {"step": 6, "files": {}}
 
 
 def test_rng_state_round_trips_through_safetensors(tmp_path):
