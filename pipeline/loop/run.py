@@ -39,6 +39,8 @@ class StepView(Protocol):
 
     def update(self, record: dict) -> None: ...
 
+    def show_eval(self, record: dict) -> None: ...  # a held-out evaluation (eval_* keys)
+
 
 # (total steps, steps already done) -> a context manager that yields a StepView
 ViewFactory = Callable[[int, int], ContextManager[StepView]]
@@ -142,9 +144,10 @@ def train(ctx: Context, view_factory: ViewFactory | None = None) -> None:
     started = time.time()
     last: dict = {}
     show = view_factory if ctx.rank == 0 and view_factory is not None else None
-    if ctx.start_step == 0:
-        run_eval(ctx, 0)
+    first = run_eval(ctx, 0) if ctx.start_step == 0 else {}
     with show(total, ctx.start_step) if show else nullcontext() as view:
+        if view is not None and first:
+            view.show_eval({"step": 0, **{f"eval_{k}": v for k, v in first.items()}})
         for step in range(ctx.start_step, total):
             step_started = time.perf_counter()
             result = rl_step(ctx, step)
@@ -168,17 +171,19 @@ def train(ctx: Context, view_factory: ViewFactory | None = None) -> None:
             last = result.metrics
     ctx.summary = {"run_dir": str(ctx.run_dir), "steps": total, "last": last,
                    "seconds": round(time.time() - started, 1),
-                   "eval": ctx.evals.read() if ctx.evals else []}
+                   "eval": [{k: v for k, v in e.items() if not k.startswith("per_prompt_")}
+                            for e in (ctx.evals.read() if ctx.evals else [])]}
 
 
 def run_eval(ctx: Context, steps_done: int) -> dict:
-    """Greedy held-out evaluation; appended to eval.jsonl by rank 0."""
+    """Held-out evaluation (greedy and mean@k); appended to eval.jsonl by rank 0. Returns
+    the summary without the per-prompt lists (those stay in eval.jsonl)."""
     if not ctx.eval_set:
         return {}
     result = evaluate(ctx, ctx.eval_set)
     if ctx.rank == 0:
         ctx.evals.append({"step": steps_done, **result})
-    return result
+    return {k: v for k, v in result.items() if not k.startswith("per_prompt_")}
 
 
 def save(ctx: Context, steps_done: int) -> None:

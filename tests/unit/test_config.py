@@ -191,6 +191,7 @@ RULES = {
     "run.checkpoint_every": ("0", "0", POSITIVE),
     "run.keep_checkpoints": ("0", "0", POSITIVE),
     "run.eval_every": ("-1", "-1", NON_NEGATIVE),
+    "run.eval_n": ("-1", "-1", NON_NEGATIVE),
     "run.threads": ("-2", "-2", NON_NEGATIVE),
     # literals
     "model.dtype": ("fp8", "'fp8'", "one of float32, bfloat16, float16"),
