@@ -116,15 +116,15 @@ def make_plan(config_path: Path, overrides: list[str], baseline: str, steps: int
 def run_arm(plan: Plan, arm: str, seed: int) -> RunResult:
     """One training run for (arm, seed) in fresh processes (the launcher's entry point, under
     torchrun with --nproc > 1); its summary comes back."""
-    from pipeline.loop.launch import rank_args, torchrun_command, torchrun_env
+    from pipeline.loop.launch import RANK_MODULE, rank_args, torchrun_command, torchrun_env
 
     with tempfile.TemporaryDirectory(prefix="rhymectl-e2e-") as tmp:
         summary = Path(tmp) / "summary.json"
         args = rank_args(plan.config_path, plan.arm_overrides(arm, seed), False, True, summary)
         if plan.nproc > 1:
-            cmd, env = torchrun_command(plan.nproc, "pipeline.loop.launch", *args), torchrun_env()
+            cmd, env = torchrun_command(plan.nproc, RANK_MODULE, *args), torchrun_env()
         else:
-            cmd, env = [sys.executable, "-m", "pipeline.loop.launch", *args], None
+            cmd, env = [sys.executable, "-m", RANK_MODULE, *args], None
         started = time.perf_counter()
         code = subprocess.call(cmd, env=env, stdout=sys.stderr)  # stdout: the bench's --json
         wall = time.perf_counter() - started
