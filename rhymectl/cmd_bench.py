@@ -239,3 +239,6 @@ def _render(results, workers: int, title: str) -> None:
         table.add_row(name, f"{r.makespan_s:.3f}", f"{r.ideal_s:.3f}", f"{r.makespan_over_ideal:.3f}", over,
                       f"{r.bubble_ratio:.1%}", f"{r.tail_s:.3f}", str(r.migrations))
     out.print(table)
+
+
+from rhymectl import cmd_bench_e2e  # noqa: E402,F401 — registers `bench e2e` on bench_app

@@ -55,9 +55,26 @@ def train(
         emit_json(result)
     else:
         out.print(f"[bold]{result['run_dir']}[/]: {result['steps']} steps in {result['seconds']} s")
-        evals = result.get("eval") or []
-        if len(evals) >= 2:
-            first, last = evals[0], evals[-1]
-            out.print(f"  held-out greedy accuracy {first['accuracy']:.1%} (step {first['step']}) → "
-                      f"{last['accuracy']:.1%} (step {last['step']}) on {last['prompts']} prompts; "
-                      f"reward {first['reward_mean']:.3f} → {last['reward_mean']:.3f}")
+        for line in heldout_lines(result.get("eval") or []):
+            out.print(line, markup=False, highlight=False)
+
+
+def heldout_lines(evals: list[dict]) -> list[str]:
+    """The end-of-training summary of eval.jsonl: mean@k (with standard errors, and the change
+    in standard errors of the difference) and greedy accuracy, first → last evaluation."""
+    if len(evals) < 2:
+        return []
+    first, last = evals[0], evals[-1]
+    span = f"step {first['step']} → {last['step']}, {last['prompts']} held-out prompts"
+    lines = []
+    if "mean_at_k_reward" in first and "mean_at_k_reward" in last:
+        k, t = last.get("k"), last.get("temperature")
+        for key, name in (("mean_at_k_reward", "reward"), ("mean_at_k_accuracy", "accuracy")):
+            a, b = first[key], last[key]
+            se = (first[f"{key}_se"] ** 2 + last[f"{key}_se"] ** 2) ** 0.5
+            z = f", {(b - a) / se:+.1f} SE" if se > 0 else ""
+            lines.append(f"  held-out mean@{k} {name} (T={t}): {a:.3f} ± {first[f'{key}_se']:.3f} → "
+                         f"{b:.3f} ± {last[f'{key}_se']:.3f}{z} ({span})")
+    lines.append(f"  held-out greedy accuracy {first['accuracy']:.1%} → {last['accuracy']:.1%}; "
+                 f"greedy reward {first['reward_mean']:.3f} → {last['reward_mean']:.3f} ({span})")
+    return lines

@@ -10,8 +10,9 @@ from rich.live import Live
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
 from rich.table import Table
+from rich.text import Text
 
-from pipeline.loop.metrics import COLUMNS, format_line, format_value
+from pipeline.loop.metrics import COLUMNS, eval_line, format_line, format_value
 
 
 class LiveView:
@@ -38,6 +39,7 @@ class LiveView:
         self._progress: Progress | None = None
         self._task = None
         self._live: Live | None = None
+        self._eval: str | None = None  # the last held-out evaluation, one line
 
     def __enter__(self) -> "LiveView":
         if self.live:
@@ -61,15 +63,28 @@ class LiveView:
             self._live = None
 
     def update(self, record: dict) -> None:
-        """Show one finished step's record."""
+        """Show one finished step's record (and its held-out evaluation, if it has one)."""
         self.done += 1
         self._recent.append(dict(record))
         if self._live is not None:
             self._progress.update(self._task, completed=self.done)
+            self._eval = eval_line(record) or self._eval
             self._live.update(self._renderable())
         else:
             self.console.print(self.line(record), markup=False, highlight=False,
                                soft_wrap=True)
+            self.show_eval(record)
+
+    def show_eval(self, record: dict) -> None:
+        """Show a held-out evaluation (a record with eval_* keys) without counting a step."""
+        line = eval_line(record)
+        if line is None:
+            return
+        self._eval = line
+        if self._live is not None:
+            self._live.update(self._renderable())
+        else:
+            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     def line(self, record: dict) -> str:
         """One plain log line: '[5/20] step 4 | reward 0.512 | acc 0.400 | ...'."""
@@ -83,4 +98,5 @@ class LiveView:
             table.add_column(header, justify="right")
         for record in self._recent:
             table.add_row(*(format_value(record, k, f) for k, _, f in COLUMNS))
-        return Group(self._progress, table)
+        parts = [self._progress] + ([Text(self._eval)] if self._eval else []) + [table]
+        return Group(*parts)

@@ -1,5 +1,5 @@
-"""The benches' figures: `bench spec`'s bars per method and `bench sched`'s Gantt chart
-(matplotlib is imported only when drawing)."""
+"""The benches' figures: `bench spec`'s bars per method, `bench sched`'s Gantt chart and
+`bench e2e`'s overlaid arms (matplotlib is imported only when drawing)."""
 
 from __future__ import annotations
 
@@ -80,4 +80,56 @@ def write_gantt(results: dict[str, SimResult], path: str | Path, title: str, bin
     return write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
 
 
-__all__ = ["occupancy", "write_gantt", "write_plot"]
+E2E_COLORS = {"baseline": "#4c72b0", "accelerated": "#dd8452"}
+
+
+def write_e2e_plot(report: dict, path: str | Path, title: str) -> Path:
+    """bench e2e, both arms overlaid: seconds per step (median over seeds), training reward
+    (mean over seeds), held-out mean@k reward (mean over seeds, ±1 SE), seconds per step by
+    phase."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(12, 8), layout="constrained")
+    (ax_time, ax_reward), (ax_heldout, ax_phases) = fig.subplots(2, 2)
+    for arm, data in report["arms"].items():
+        c, h, color = data["curves"], data["heldout"], E2E_COLORS.get(arm)
+        ax_time.plot(c["step"], c["time_step_s"], color=color, label=f"{arm} step")
+        ax_time.plot(c["step"], c["time_rollout_s"], color=color, ls="--", label=f"{arm} rollout")
+        ax_reward.plot(c["step"], c["reward_mean"], color=color, label=arm)
+        points = [(s, y, e) for s, y, e in zip(h["step"], h["mean_at_k_reward"],
+                                               h["mean_at_k_reward_se"]) if y is not None]
+        if points:
+            xs, ys, es = zip(*points)
+            ax_heldout.errorbar(xs, ys, yerr=es, marker="o", capsize=3, color=color, label=arm)
+    ax_time.set(title="seconds per step (median over seeds)", xlabel="step", ylabel="s")
+    ax_reward.set(title="training reward (mean over seeds)", xlabel="step", ylabel="reward")
+    ax_heldout.set(title="held-out mean@k reward (mean over seeds, ±1 SE)", xlabel="step",
+                   ylabel="reward")
+    _e2e_phases(ax_phases, report["arms"])
+    for ax in (ax_time, ax_reward, ax_heldout):
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    d = report["heldout_diff"]
+    e2e, ro = report["speedup_e2e"], report["speedup_rollout"]
+    diff = (f"held-out diff {d['mean']:+.4f} [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}], "
+            f"p={d['p']:.3f}" if d.get("mean") is not None else "no held-out mean@k")
+    fig.suptitle(f"{title}\nspeedup e2e {e2e['median']:.3f}× (min {e2e['min']:.3f}, max "
+                 f"{e2e['max']:.3f}); rollout {ro['median']:.3f}×; Amdahl bound "
+                 f"{ro['amdahl_bound']:.3f}×; {diff}", fontsize=10)
+    return write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+
+
+def _e2e_phases(ax, arms: dict) -> None:
+    names = list(arms)
+    phases = list(dict.fromkeys(p for a in arms.values() for p in a["phases_s_per_step"]))
+    bottom = [0.0] * len(names)
+    for phase in phases:
+        values = [arms[n]["phases_s_per_step"].get(phase, 0.0) for n in names]
+        ax.bar(names, values, bottom=bottom, label=phase)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set(title="seconds per step by phase (mean over seeds)", ylabel="s")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+
+
+__all__ = ["occupancy", "write_e2e_plot", "write_gantt", "write_plot"]

@@ -143,6 +143,7 @@ class RunConfig:
     checkpoint_every: int = positive(10)  # steps
     keep_checkpoints: int = positive(2)
     eval_every: int = non_negative(0)  # steps; 0 = before the first step and after the last only
+    eval_n: int = non_negative(4)  # k samples per held-out prompt for mean@k; 0 = greedy only
     threads: int = non_negative(0)  # torch threads per rank; 0 = leave torch's default
     # metrics.jsonl is always written; console = the live view, tensorboard / wandb are extras
     loggers: tuple[Literal["jsonl", "console", "tensorboard", "wandb"], ...] = ("jsonl", "console")

@@ -26,7 +26,7 @@ from pipeline.config import Config, load_config
 from pipeline.distributed import free_port
 from pipeline.errors import RuntimeFailure, UsageError
 from pipeline.loop import lock, rundir
-from pipeline.loop.metrics import format_line
+from pipeline.loop.metrics import eval_line, format_line
 from pipeline.loop.preflight import preflight
 from pipeline.loop.run import ViewFactory, run
 
@@ -107,6 +107,12 @@ def step_log(total: int, done: int):
         def update(self, record: dict) -> None:
             self.done += 1
             print(f"[{self.done}/{total}] {format_line(record)}", file=sys.stderr, flush=True)
+            self.show_eval(record)
+
+        def show_eval(self, record: dict) -> None:
+            line = eval_line(record)
+            if line is not None:
+                print(line, file=sys.stderr, flush=True)
 
     yield _Log()
 

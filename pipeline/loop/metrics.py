@@ -197,6 +197,21 @@ def format_value(record: dict, key: str, fmt: str) -> str:
         return str(value)
 
 
+def eval_line(record: dict) -> str | None:
+    """'held-out @ step 30: mean@4 reward 0.712 ± 0.015, accuracy 0.551 ± 0.021 | greedy
+    accuracy 0.648' from a record's eval_* keys; None when the record has no evaluation."""
+    if "eval_accuracy" not in record:
+        return None
+    parts = []
+    if "eval_mean_at_k_reward" in record:
+        parts.append(f"mean@{record.get('eval_k', '?')} reward "
+                     f"{record['eval_mean_at_k_reward']:.3f} ± {record['eval_mean_at_k_reward_se']:.3f}, "
+                     f"accuracy {record['eval_mean_at_k_accuracy']:.3f} ± "
+                     f"{record['eval_mean_at_k_accuracy_se']:.3f}")
+    parts.append(f"greedy accuracy {record['eval_accuracy']:.3f}")
+    return f"held-out @ step {record.get('step', '?')}: " + " | ".join(parts)
+
+
 def format_line(record: dict) -> str:
     """'step 4 | reward 0.512 | acc 0.400 | ...' over COLUMNS; missing values show '-'."""
     return " | ".join(f"{header} {format_value(record, key, fmt)}" for key, header, fmt in COLUMNS)

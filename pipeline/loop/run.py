@@ -44,6 +44,8 @@ class StepView(Protocol):
 
     def update(self, record: dict) -> None: ...
 
+    def show_eval(self, record: dict) -> None: ...  # a held-out evaluation (eval_* keys)
+
 
 # (total steps, steps already done) -> a context manager that yields a StepView
 ViewFactory = Callable[[int, int], ContextManager[StepView]]
@@ -170,11 +172,13 @@ def train(ctx: Context, view_factory: ViewFactory | None = None) -> None:
     last: dict = {}
     console_on = "console" in cfg.run.loggers
     show = view_factory if ctx.rank == 0 and view_factory is not None and console_on else None
-    if ctx.start_step == 0:
-        row = run_eval(ctx, 0)
-        if ctx.rank == 0 and row:
-            ctx.evals.append(row)
+    first = run_eval(ctx, 0) if ctx.start_step == 0 else {}
+    if ctx.rank == 0 and first:
+        ctx.evals.append(first)
     with show(total, ctx.start_step) if show else nullcontext() as view:
+        if view is not None and first:
+            view.show_eval({"step": 0, **{f"eval_{k}": v for k, v in first.items()
+                                          if k != "step" and not k.startswith("per_prompt_")}})
         for step in range(ctx.start_step, total):
             step_started = time.perf_counter()
             result = rl_step(ctx, step)
@@ -187,7 +191,7 @@ def train(ctx: Context, view_factory: ViewFactory | None = None) -> None:
             if (every and (step + 1) % every == 0) or step + 1 == total:
                 row = run_eval(ctx, step + 1)
                 for key, value in row.items():
-                    if key != "step":
+                    if key != "step" and not key.startswith("per_prompt_"):
                         result.metrics[f"eval_{key}"] = value
             result.metrics["time_step_s"] = round(time.perf_counter() - step_started, 4)
             if ctx.rank == 0:
@@ -207,11 +211,13 @@ def train(ctx: Context, view_factory: ViewFactory | None = None) -> None:
         ctx.loggers.close()
     ctx.summary = {"run_dir": str(ctx.run_dir), "steps": total, "last": last,
                    "seconds": round(time.time() - started, 1),
-                   "eval": ctx.evals.read() if ctx.evals else []}
+                   "eval": [{k: v for k, v in e.items() if not k.startswith("per_prompt_")}
+                            for e in (ctx.evals.read() if ctx.evals else [])]}
 
 
 def run_eval(ctx: Context, steps_done: int) -> dict:
-    """Greedy held-out evaluation: the eval.jsonl row rank 0 appends ({} without prompts)."""
+    """Held-out evaluation (greedy and mean@k): the eval.jsonl row rank 0 appends ({} without
+    prompts), per-prompt lists included."""
     if not ctx.eval_set:
         return {}
     result = evaluate(ctx, ctx.eval_set)

@@ -88,13 +88,25 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None,
 
 
 def _add_evals(ax, run_dir: Path) -> None:
-    """Held-out greedy accuracy (eval.jsonl, written by training) as a second series."""
+    """Held-out evaluations (eval.jsonl, written by training): greedy accuracy, and mean@k
+    reward and accuracy with ±1 standard-error bars."""
+    from pipeline.loop.metrics import MetricsLog
 
     evals = MetricsLog(run_dir, "eval.jsonl").read()
-    if evals:
-        ax.plot([e["step"] for e in evals], [_number(e.get("accuracy")) for e in evals],
-                marker="s", color="black", label="held-out greedy accuracy")
-        ax.legend()
+    if not evals:
+        return
+    steps = [e["step"] for e in evals]
+    ax.plot(steps, [_number(e.get("accuracy")) for e in evals], marker="s", color="black",
+            label="held-out greedy accuracy")
+    k = next((e["k"] for e in evals if "k" in e), None)
+    for key, color in (("mean_at_k_reward", "tab:purple"), ("mean_at_k_accuracy", "tab:red")):
+        points = [(e["step"], _number(e.get(key)), _number(e.get(f"{key}_se"), 0.0))
+                  for e in evals if key in e]
+        if points:
+            xs, ys, ses = zip(*points)
+            ax.errorbar(xs, ys, yerr=ses, marker="o", capsize=3, color=color,
+                        label=f"held-out mean@{k} {key.rsplit('_', 1)[-1]} (±1 SE)")
+    ax.legend()
 
 
 def _phases_figure(records: list[dict], steps: list, name: str):

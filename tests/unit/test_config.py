@@ -193,6 +193,7 @@ RULES = {
     "run.checkpoint_every": ("0", "0", POSITIVE),
     "run.keep_checkpoints": ("0", "0", POSITIVE),
     "run.eval_every": ("-1", "-1", NON_NEGATIVE),
+    "run.eval_n": ("-1", "-1", NON_NEGATIVE),
     "run.threads": ("-2", "-2", NON_NEGATIVE),
     "run.dir": ("runs/../x", "'runs/../x'",
                 "a directory path without '..' components (writes stay inside it)"),

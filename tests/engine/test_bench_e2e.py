@@ -1,0 +1,57 @@
+"""`rhymectl bench e2e` end to end on the real engines: 2 tiny steps x 2 seeds, both arms,
+each run a real `rhymectl train` process (vLLM + DeepSpeed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.deepspeed
+
+TINY = ["data.train_batch_size=4", "data.train_size=8", "train.ppo_mini_batch_size=4",
+        "rollout.n=4", "rollout.max_tokens=32", "data.max_prompt_length=24", "data.eval_size=6",
+        "run.eval_n=2", "run.checkpoint_every=100"]
+
+
+def test_bench_e2e_two_steps_two_seeds(tiny_model, tmp_path):
+    root = tmp_path / "e2e"
+    cmd = [sys.executable, "-m", "rhymectl", "bench", "e2e", str(REPO / "sample_configs/tiny.yaml"),
+           f"model.path={tiny_model}", *TINY, "--steps", "2", "--seeds", "0,1",
+           "--run-dir", str(root), "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert set(report) == {"arms", "speedup_e2e", "speedup_rollout", "heldout_diff"}
+    assert json.loads((root / "bench-e2e.json").read_text()) == report
+    assert (root / "bench-e2e.png").stat().st_size > 10_000
+    for arm in ("baseline", "accelerated"):
+        a = report["arms"][arm]
+        assert a["seeds"] == [0, 1] and [r["steps"] for r in a["runs"]] == [2, 2]
+        assert a["curves"]["step"] == [1, 2] and a["heldout"]["step"] == [0, 2]
+        assert 0 < a["rollout_share"] < 1 and a["phases_s_per_step"]["train"] > 0
+        for run in a["runs"]:
+            assert run["final_heldout"]["prompts"] == 6 and run["final_heldout"]["k"] == 2
+            config = (Path(run["run_dir"]) / "config.yaml").read_text()
+            assert f"seed: {run['seed']}" in config
+            assert ("method: none" in config) == (arm == "baseline")
+            assert ("policy: static" in config) == (arm == "baseline")
+    # speculation ran in the accelerated arm only
+    assert report["arms"]["accelerated"]["runs"][0]["spec_tau_mean"] >= 1.0
+    assert report["arms"]["baseline"]["runs"][0]["spec_tau_mean"] is None
+    for key in ("speedup_e2e", "speedup_rollout"):
+        s = report[key]
+        assert 0 < s["min"] <= s["median"] <= s["max"]
+    d = report["heldout_diff"]
+    assert d["runs"] == [2, 2] and d["prompts"] == 6
+    assert d["ci95"][0] <= d["mean"] <= d["ci95"][1] and 0 <= d["p"] <= 1
+    # interleaved: seed 0 baseline first, seed 1 accelerated first
+    log = proc.stderr
+    order = [log.index(f"{arm} seed {s}:") for arm, s in
+             (("baseline", 0), ("accelerated", 0), ("accelerated", 1), ("baseline", 1))]
+    assert order == sorted(order)
