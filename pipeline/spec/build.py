@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from pipeline.config.schema import SpecConfig
-from pipeline.spec.budget import BudgetConfig, CostModel
+from pipeline.spec.budget import BudgetConfig, CostModel, DraftBudget
+from pipeline.spec.critical import CriticalBudget, CriticalConfig
 from pipeline.spec.drafter import DrafterConfig
 
 DRAFTER_METHODS = ("history", "group", "history+group")  # served by GroupDrafter
@@ -22,4 +23,12 @@ def budget_config(spec: SpecConfig, cost: CostModel = CostModel()) -> BudgetConf
     return BudgetConfig(max_len=max_len, start_len=min(2, max_len), min_len=1, cost=cost)
 
 
-__all__ = ["DRAFTER_METHODS", "budget_config", "drafter_config"]
+def make_budget(spec: SpecConfig) -> DraftBudget | CriticalBudget:
+    """`spec.budget`: the critical-path budget (online cost, calibrated acceptance) or
+    the per-pass throughput one."""
+    if spec.budget == "critical":
+        return CriticalBudget(CriticalConfig(max_len=spec.num_speculative_tokens))
+    return DraftBudget(budget_config(spec))
+
+
+__all__ = ["DRAFTER_METHODS", "budget_config", "drafter_config", "make_budget"]

@@ -65,4 +65,58 @@ def remaining(generated: float, prompt: LengthSamples | None,
     return guess, guess, generated + 1
 
 
-__all__ = ["LengthSamples", "remaining"]
+
+
+
+class RemainingTracker:
+    """Per prompt: its history's response lengths and the lengths of its siblings that
+    finished this step; per running request, the cached estimate (it changes only when
+    the evidence does or the request outgrows the smallest sample above it)."""
+
+    def __init__(self):
+        self._history: dict[str, list[int]] = {}
+        self._finished: dict[str, list[int]] = {}
+        self._samples: dict[str, LengthSamples] = {}
+        self._pool: LengthSamples | None = None
+        self._versions: dict[str, int] = {}  # per prompt, bumped when its evidence changes
+        self._pool_version = 0
+        self._cache: dict = {}  # req -> ((prompt version, pool version), until, total, std)
+
+    def set_history(self, key: str, lengths: Sequence[int]) -> None:
+        self._history[key] = list(lengths)
+        self._changed(key)
+        self._pool = None
+        self._pool_version += 1
+
+    def finished(self, key: str, length: int) -> None:
+        """A request of prompt `key` finished this step with `length` output tokens."""
+        self._finished.setdefault(key, []).append(int(length))
+        self._changed(key)
+
+    def end_group(self, key: str) -> None:
+        if self._finished.pop(key, None) is not None:
+            self._changed(key)
+
+    def forget(self, req_id) -> None:
+        self._cache.pop(req_id, None)
+
+    def estimate(self, req_id, key: str, generated: int) -> tuple[float, float]:
+        """(mean, std) remaining tokens of a running request of prompt `key`."""
+        hit = self._cache.get(req_id)
+        version = (self._versions.get(key, 0), self._pool_version)
+        if hit is not None and hit[0] == version and generated < hit[1]:
+            return max(hit[2] - generated, MIN_REMAINING), hit[3]
+        samples = self._samples.get(key)
+        if samples is None:
+            samples = self._samples[key] = LengthSamples(
+                self._history.get(key, []) + self._finished.get(key, []))
+        if self._pool is None:
+            self._pool = LengthSamples([x for ls in self._history.values() for x in ls])
+        mean, std, until = remaining(generated, samples, self._pool)
+        self._cache[req_id] = (version, until, mean + generated, std)
+        return mean, std
+
+    def _changed(self, key: str) -> None:
+        self._samples.pop(key, None)
+        self._versions[key] = self._versions.get(key, 0) + 1
+__all__ = ["LengthSamples", "RemainingTracker", "remaining"]
