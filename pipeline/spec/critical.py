@@ -74,7 +74,7 @@ def critical_weights(passes: Sequence[float], spreads: Sequence[float],
     r = np.asarray(passes, dtype=float)
     if not len(r):
         return r
-    std = max(float(np.mean(spreads)) if len(spreads) else 0.0, min_spread)
+    std = max(float(np.mean(spreads)), min_spread)
     beta = std * math.sqrt(6.0) / math.pi
     z = (r - r.max()) / beta
     e = np.exp(z)
@@ -128,16 +128,16 @@ class CriticalBudget:
 
     # -- the rule ---------------------------------------------------------------------
     def values(self, req_ids: Sequence[Hashable], remaining: Sequence[tuple[float, float]]
-               ) -> list[float]:
+               ) -> np.ndarray:
         """v_i: seconds saved per accepted draft token of each request (critical path)."""
-        if not req_ids:
-            return []
-        taus = [self.tau(r) for r in req_ids]
-        passes = [max(m, 0.0) / t for (m, _), t in zip(remaining, taus)]
-        spreads = [max(s, 0.0) / t for (_, s), t in zip(remaining, taus)]
-        pi = critical_weights(passes, spreads, self.config.min_spread)
-        c_tail = self.cost.seconds(1 + self.config.max_len)
-        return [float(p) * c_tail / t for p, t in zip(pi, taus)]
+        n = len(req_ids)
+        if not n:
+            return np.zeros(0)
+        get, prior = self._tau.get, self._tau_all
+        taus = np.fromiter((get(r, prior) for r in req_ids), float, n)
+        rem = np.asarray(remaining, dtype=float).reshape(n, 2).clip(min=0.0)
+        pi = critical_weights(rem[:, 0] / taus, rem[:, 1] / taus, self.config.min_spread)
+        return pi * (self.cost.seconds(1 + self.config.max_len) / taus)
 
     def ask(self, req_ids: Sequence[Hashable], available: Sequence[int],
             remaining: Sequence[tuple[float, float]], rows: int) -> list[int]:
@@ -147,15 +147,17 @@ class CriticalBudget:
         in the pass (each schedules one token besides its drafts).
         """
         cap = self.config.max_len
-        limits = [max(0, min(a, cap)) for a in available]
+        limits = [a if a < cap else cap for a in available]
         self._rows = rows
         if not self.cost.known:
             self._values = [math.inf] * len(req_ids)
-            return limits
-        self._values = v = self.values(req_ids, remaining)
+            return [max(k, 0) for k in limits]
+        self._values = v = self.values(req_ids, remaining).tolist()
         m = self.cost.marginal(rows)
         best = self.calibrator.best()
-        return [k if k and best * (m + vi) > m else 0 for k, vi in zip(limits, v)]
+        # best * (m + v) > m  <=>  v > m * (1 - best) / best
+        bar = m * (1.0 - best) / best if best > 0 else math.inf
+        return [k if k > 0 and vi > bar else 0 for k, vi in zip(limits, v)]
 
     def grant(self, cum_accept: Sequence[Sequence[float]]) -> list[int]:
         """Stage 2: draft tokens granted per candidate of the last `ask`, given each
@@ -163,6 +165,8 @@ class CriticalBudget:
         v = self._values
         if not self.cost.known:
             return [len(g) for g in cum_accept]
+        if not any(cum_accept):
+            return [0] * len(cum_accept)
         rows = self._rows
         m = self.cost.marginal(rows)
         alloc = [0] * len(cum_accept)

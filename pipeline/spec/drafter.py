@@ -246,12 +246,12 @@ class GroupDrafter:
     def remaining(self, req_ids: Sequence[Hashable]) -> list[tuple[float, float]]:
         """(mean, std) predicted remaining output tokens of each running request, from
         its prompt's history lengths and finished siblings (`pipeline.spec.remaining`)."""
-        running, prompts, estimate = self._live.running, self._prompts, self.lengths.estimate
-        out = []
+        running, prompts = self._live.running, self._prompts
+        items = []
         for r in req_ids:
             req = running[r]
-            out.append(estimate(r, req.key, req.end - len(prompts[req.key].prompt_ids)))
-        return out
+            items.append((r, req.key, req.base + len(req.tokens) - len(prompts[req.key].prompt_ids)))
+        return self.lengths.estimate_many(items)
 
     def running(self) -> list[Hashable]:
         return list(self._live.running)

@@ -100,6 +100,19 @@ class RemainingTracker:
     def forget(self, req_id) -> None:
         self._cache.pop(req_id, None)
 
+    def estimate_many(self, items) -> list[tuple[float, float]]:
+        """`estimate` for (req_id, key, generated) triples; the cached case inlined (it is
+        most rows of most passes)."""
+        cache, versions, pool, out = self._cache, self._versions, self._pool_version, []
+        for req_id, key, generated in items:
+            hit = cache.get(req_id)
+            if hit is not None and generated < hit[1] and hit[0] == (versions.get(key, 0), pool):
+                rem = hit[2] - generated
+                out.append((rem if rem > MIN_REMAINING else MIN_REMAINING, hit[3]))
+            else:
+                out.append(self.estimate(req_id, key, generated))
+        return out
+
     def estimate(self, req_id, key: str, generated: int) -> tuple[float, float]:
         """(mean, std) remaining tokens of a running request of prompt `key`."""
         hit = self._cache.get(req_id)
