@@ -23,7 +23,7 @@ test: setup
 	$(PY) -m pytest -q -p no:cacheprovider --durations=12 tests
 
 test-fast: setup
-	$(PY) -m pytest -q -p no:cacheprovider -m "not engine and not deepspeed" tests
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit
 
 clean:
 	rm -rf runs models .pytest_cache

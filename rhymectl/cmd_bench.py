@@ -13,12 +13,13 @@ from typing import List, Optional
 
 import typer
 
+from pipeline.config.methods import METHODS
 from pipeline.config.schema import RolloutConfig, SchedConfig
 from pipeline.errors import UsageError
 from rhymectl.output import emit_json, log, out
 
 DEFAULT_POLICIES = "static,histopipe,seer,oracle"
-DEFAULT_METHODS = "none,ngram,suffix,history,group,history+group"
+DEFAULT_METHODS = ",".join(METHODS)
 
 bench_app = typer.Typer(
     help="Side-by-side measurements against the baselines.\n\n"
@@ -59,13 +60,15 @@ def spec(
                                 "(A B C A B C ...); report medians and min-max."),
     json_out: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
 ) -> None:
+    from rhymectl.parsing import parse_methods
+
+    names = parse_methods(methods)  # before the heavy imports: a typo fails at once
+    from pipeline.bench.spec_plan import ensure_trained, make_plan
     from pipeline.config import load_config
     from pipeline.loop.preflight import preflight
-    from pipeline.spec.bench_plan import ensure_trained, make_plan, parse_methods
 
     if repeats < 1:
         raise UsageError(f"--repeats {repeats}: need at least 1")
-    names = parse_methods(methods)
     extra = list(overrides or [])
     cfg = load_config(config, extra)
     preflight(cfg, world_size=1)
@@ -83,15 +86,25 @@ def spec(
 
 
 def _measure(plan, names, config, overrides, plot, repeats=1):
-    from pipeline.spec.bench import build_work, run_isolated, summarize, workload, write_plot
-    from pipeline.spec.bench_repeats import aggregate
-    from pipeline.spec.calibration import merge_tables
+    from pipeline.bench.figures import write_plot
+    from pipeline.bench.spec import build_work, run_isolated, summarize, workload
+    from pipeline.bench.spec_repeats import aggregate
+    from pipeline.drafting.calibration import merge_tables
 
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn)
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())
+    steps = (plan.epochs - 1) * plan.steps_per_epoch  # epochs 1 .. E-1 are regenerated
     runs = []  # one {method: MethodResult} per repeat, methods interleaved
     for rep in range(repeats):
         results = {}
         for name in names:
-            results[name] = r = run_isolated(config, overrides, plan, name)
+            with Progress(*columns, console=log, transient=True) as progress:
+                task = progress.add_task(f"bench spec: {name} [{rep + 1}/{repeats}]", total=steps)
+                results[name] = r = run_isolated(config, overrides, plan, name,
+                                                 lambda: progress.advance(task))
             log.print(f"[{rep + 1}/{repeats}] {name}: {r.requests} responses, {r.generated} "
                       f"tokens in {r.rollout_s:.2f} s", markup=False)
         runs.append(results)
@@ -183,8 +196,9 @@ def sched(
                                                              "or ./bench-sched-TRACE-wW.png]."),
     json_out: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
 ) -> None:
-    from pipeline.sched.bench import (BenchSetup, bench_json, check_spec, parse_policies, run_bench,
-                                      write_gantt)
+    from pipeline.bench.figures import write_gantt
+    from pipeline.bench.sched import BenchSetup, bench_json, run_bench
+    from rhymectl.parsing import check_spec, parse_policies
     from pipeline.sched.trace import read_trace, trace_from_history
 
     names = parse_policies(policies)
@@ -202,8 +216,8 @@ def sched(
     if simulate:
         results = run_bench(lengths, setup)
     else:
-        from pipeline.sched.bench import step_groups
-        from pipeline.sched.bench_spawn import run_real
+        from pipeline.bench.sched import step_groups
+        from pipeline.bench.sched_spawn import run_real
 
         step_groups(lengths, setup)  # bad input fails here, before any rank starts
         results, extra = run_real(run_dir, setup)

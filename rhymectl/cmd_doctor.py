@@ -14,7 +14,7 @@ def register(app: typer.Typer) -> None:
 
 
 def doctor(json_out: bool = typer.Option(False, "--json", help="One JSON object on stdout.")) -> None:
-    from pipeline.doctor import collect
+    from pipeline.report.doctor import collect
 
     report = collect()
     if json_out:

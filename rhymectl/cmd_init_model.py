@@ -27,12 +27,12 @@ def init_model(
 ) -> None:
     from dataclasses import replace
 
-    from pipeline.policy.bootstrap import InitSpec, init_model as build
+    from pipeline.policy.bootstrap import InitOptions, init_model as build
     from pipeline.tasks.base import get_task
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     get_task(task)
-    spec = InitSpec(task=task, seed=seed)
+    spec = InitOptions(task=task, seed=seed)
     if steps is not None:
         spec = replace(spec, sft=replace(spec.sft, steps=steps))
     target = out_dir or Path("models") / f"tiny-{task}"

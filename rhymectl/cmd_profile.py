@@ -27,7 +27,7 @@ def profile(
     plot: Optional[Path] = typer.Option(None, "--plot", help="PNG to write [RUN_DIR/report/profile.png]."),
     json_out: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
 ) -> None:
-    from pipeline.sched.profile import load_lengths, profile as build, write_profile_plot
+    from pipeline.report.profile import load_lengths, profile as build, write_profile_plot
 
     lengths = load_lengths(run_dir)
     report = build(run_dir, lengths)

@@ -7,6 +7,7 @@ from typing import List, Optional
 
 import typer
 
+from rhymectl.live import LiveView
 from rhymectl.output import emit_json, log, out
 
 
@@ -47,9 +48,9 @@ def train(
     from pipeline.loop.launch import launch
 
     result = launch(cfg, config_path=config, overrides=extra, resume=resume, force=force,
-                    nproc=nproc, console=log, json_out=json_out)
+                    nproc=nproc, view=lambda total, done: LiveView(total, log, start_step=done))
     if result is None:
-        return  # another rank reports, or torchrun's ranks already did
+        return  # another rank reports
     if json_out:
         emit_json(result)
     else:

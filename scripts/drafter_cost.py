@@ -15,7 +15,7 @@ prompt, then mutated (substitutions, insertions, deletions).
 Every step revisits the same prompts (one epoch each), so from the second step on the
 prompt trees exist and the history window holds the previous step's responses, as in a
 training run (`--fresh-prompts`: new prompts every step, their trees built mid-rollout).
-The budget is `pipeline.spec.build.budget_config`'s with this machine's pass cost.
+The budget is `pipeline.drafting.build.budget_config`'s with this machine's pass cost.
 
 The simulation is deterministic for a seed, so it is repeated and each pass's time is the
 fastest of its repeats (the machine may be busy). Reported: microseconds per `propose`
@@ -49,9 +49,11 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))  # PYTHONPATH may poin
 
 from pipeline.history.store import prompt_hash  # noqa: E402
 from pipeline.rollout.proposer import RhymeProposer, attach  # noqa: E402
-from pipeline.spec.budget import BudgetConfig, CostModel, DraftBudget  # noqa: E402
-from pipeline.spec.critical import CriticalBudget, CriticalConfig  # noqa: E402
-from pipeline.spec.drafter import DrafterConfig, GroupDrafter, HistoryResponse  # noqa: E402
+from pipeline.costs import CostModel  # noqa: E402
+from pipeline.drafting.budget import BudgetConfig, DraftBudget  # noqa: E402
+from pipeline.drafting.critical import CriticalBudget, CriticalConfig  # noqa: E402
+from pipeline.drafting.drafter import GroupDrafter  # noqa: E402
+from pipeline.drafting.inputs import DrafterConfig, HistoryResponse  # noqa: E402
 
 FULL_ROWS = 200  # passes with more rows count as full-batch passes
 TAIL_ROWS = 32  # passes with fewer rows count as tail passes
@@ -194,9 +196,9 @@ def build(method: str, cost: CostModel, max_spec: int, max_model_len: int, max_r
     batch = FakeInputBatch(max_reqs, max_model_len)
     runner = SimpleNamespace(input_batch=batch, drafter=proposer)
     drafter = GroupDrafter(DrafterConfig.for_method(method))
-    if kind == "critical":  # as pipeline.spec.build.make_budget; cost learnt per pass
+    if kind == "critical":  # as pipeline.drafting.build.make_budget; cost learnt per pass
         budget = CriticalBudget(CriticalConfig(max_len=max_spec))
-    else:  # as pipeline.spec.build.budget_config, with this machine's pass cost
+    else:  # as pipeline.drafting.build.budget_config, with this machine's pass cost
         budget = DraftBudget(BudgetConfig(max_len=max_spec, start_len=min(2, max_spec),
                                           min_len=1, cost=cost))
     attach(runner, drafter, budget)

@@ -1,6 +1,11 @@
-"""Shared fixtures. The tiny model is built once per session (a short SFT, ~1 minute) under
-pytest's temp root; tests that start vLLM or DeepSpeed carry the `engine` / `deepspeed`
-markers so `make test-fast` can skip them."""
+"""Shared settings and the test tiers, set by folder:
+
+- `tests/unit`: pure logic, no engine and no model fixture (`make test-fast`, < 1 minute);
+  every test there carries the `unit` marker.
+- `tests/engine`: real vLLM / DeepSpeed / torchrun on the tiny model (built once per
+  session by `tests/engine/conftest.py`); every test there carries the `engine` marker,
+  and those that start DeepSpeed also `deepspeed`.
+"""
 
 from __future__ import annotations
 
@@ -13,19 +18,13 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-REPO = Path(__file__).resolve().parents[1]
-TEST_SFT_STEPS = 300
+TESTS = Path(__file__).resolve().parent
+TIERS = ("unit", "engine")
 
 
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory) -> Path:
-    """A real tiny policy (tokenizer + Llama + short SFT) in Hugging-Face format."""
-    from dataclasses import replace
-
-    from pipeline.policy.bootstrap import InitSpec, init_model
-
-    out = tmp_path_factory.mktemp("models") / "tiny-sort"
-    spec = InitSpec(task="sort", seed=0, eval_rows=32)
-    spec = replace(spec, sft=replace(spec.sft, steps=TEST_SFT_STEPS), sft_rows=4000)
-    init_model(out, spec)
-    return out
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        tier = Path(str(item.fspath)).resolve().relative_to(TESTS).parts[0]
+        if tier not in TIERS:
+            raise pytest.UsageError(f"{item.nodeid}: tests live in tests/unit or tests/engine")
+        item.add_marker(tier)

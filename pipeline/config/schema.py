@@ -96,6 +96,9 @@ class SchedConfig:
     policy: Literal["auto", "static", "histopipe", "seer"] = "auto"  # auto: seer when W > 1
     chunk_tokens: int = positive(64)
     sim_requests_per_worker: int = positive(64)
+    # how long a rank waits on the coordination store (a slow peer, a long first chunk)
+    # before it gives up, seconds
+    store_timeout_s: float = positive(900.0)
 
 
 @dataclass(frozen=True)

@@ -4,26 +4,15 @@ sees exactly the batches an uninterrupted one would."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
-
 from pipeline.errors import UsageError
-
-
-@dataclass(frozen=True)
-class Prompt:
-    id: str
-    text: str
-    answer: str
+from pipeline.tasks.prompts import Prompt, distinct
 
 
 class PromptSource:
     """Epochs over a fixed prompt set: shuffled per epoch, last partial batch dropped."""
 
     def __init__(self, rows: list[dict], batch_size: int, seed: int, shuffle: bool = True):
-        seen: dict[str, Prompt] = {}
-        for row in rows:  # a generated task may repeat a prompt; one copy per epoch
-            seen.setdefault(row["id"], Prompt(row["id"], row["prompt"], row["answer"]))
-        self.prompts = list(seen.values())
+        self.prompts = distinct(rows)  # a generated task may repeat a prompt; one copy per epoch
         if len(self.prompts) < batch_size:
             raise UsageError(f"the data set has {len(self.prompts)} distinct prompts, fewer than "
                              f"data.train_batch_size = {batch_size}; lower it or add data")

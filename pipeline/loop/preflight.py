@@ -12,13 +12,15 @@ from pathlib import Path
 from pipeline.config import Config
 from pipeline.errors import UsageError
 from pipeline.policy.checks import check_model_dir
+from pipeline.tasks.data import resolve_reward
+from pipeline.tasks.prompts import train_rows
 
 
 def preflight(cfg: Config, world_size: int) -> dict:
     """Raise UsageError on the first blocking problem; return facts worth printing."""
     check_world(cfg, world_size)
     model_dir = check_model_dir(cfg.model.path)
-    dataset = load_prompts(cfg)
+    dataset = train_rows(cfg.data)
     reward_name = resolve_reward_name(cfg)
     context = model_context(model_dir)
     longest = longest_prompt_tokens(model_dir, dataset["prompt"])
@@ -42,19 +44,7 @@ def check_world(cfg: Config, world_size: int) -> None:
                              f"multiple of {world_size} or change --nproc")
 
 
-def load_prompts(cfg: Config):
-    """The training prompts as a `datasets.Dataset` with columns id, prompt, answer."""
-    from pipeline.tasks.data import build_task_dataset, load_user_dataset
-
-    d = cfg.data
-    if d.path is not None:
-        return load_user_dataset(d.path, d.split, d.prompt_key, d.answer_key)
-    return build_task_dataset(d.task, d.train_size, d.seed)
-
-
 def resolve_reward_name(cfg: Config) -> str:
-    from pipeline.tasks.data import resolve_reward
-
     name = cfg.data.reward or cfg.data.task
     if name is None:
         raise UsageError("data.reward is not set; name a built-in task's reward (sort, reverse) "

@@ -8,8 +8,8 @@ from typing import Callable, Sequence
 import torch
 
 from pipeline.history.store import RolloutRecord, prompt_hash
-from pipeline.loop.batches import Prompt
-from pipeline.rollout.engine import Completion, RolloutEngine, SamplingSpec
+from pipeline.rollout.engine import Completion, RolloutEngine, Sampling
+from pipeline.tasks.prompts import Prompt
 from pipeline.train import grpo
 from pipeline.train.actor import Batch
 
@@ -30,10 +30,10 @@ class Rollout:
         return len(self.completion.token_ids)
 
 
-def generate(engine: RolloutEngine, tokenizer, prompts: Sequence[Prompt], spec: SamplingSpec) -> list[Rollout]:
-    """`spec.n` responses per prompt, flattened group by group."""
+def generate(engine: RolloutEngine, tokenizer, prompts: Sequence[Prompt], sampling: Sampling) -> list[Rollout]:
+    """`sampling.n` responses per prompt, flattened group by group."""
     prompt_ids = [tokenizer(p.text)["input_ids"] for p in prompts]
-    groups = engine.generate(prompt_ids, spec)
+    groups = engine.generate(prompt_ids, sampling)
     out = []
     for prompt, ids, group in zip(prompts, prompt_ids, groups):
         for k, completion in enumerate(group):

@@ -11,19 +11,36 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, ContextManager, Protocol
 
+from pipeline import distributed as dist
 from pipeline.config import Config
+from pipeline.errors import UsageError
+from pipeline.history import index
 from pipeline.history.store import HistoryStore
-from pipeline.loop import dist, rundir
+from pipeline.loop import rundir
 from pipeline.loop.batches import PromptSource
-from pipeline.loop.evaluate import eval_prompts, evaluate
-from pipeline.loop.metrics import LiveView, MetricsLog
-from pipeline.loop.preflight import load_prompts
+from pipeline.loop.evaluate import evaluate
+from pipeline.loop.metrics import MetricsLog
 from pipeline.loop.scheduled import ScheduledRollout
 from pipeline.loop.step import rl_step
+from pipeline.rollout.engine import RolloutEngine
+from pipeline.tasks.data import resolve_reward
+from pipeline.tasks.prompts import eval_prompts, train_rows
 from pipeline.train import checkpoint
+from pipeline.train.actor import Actor
 
 EVAL_FILE = "eval.jsonl"
+
+
+class StepView(Protocol):
+    """Shows finished steps (rank 0); the CLI's is `rhymectl.live.LiveView`."""
+
+    def update(self, record: dict) -> None: ...
+
+
+# (total steps, steps already done) -> a context manager that yields a StepView
+ViewFactory = Callable[[int, int], ContextManager[StepView]]
 
 
 @dataclass
@@ -47,13 +64,13 @@ class Context:
     summary: dict = field(default_factory=dict)
 
 
-def run(cfg: Config, resume: bool, force: bool, console) -> dict:
+def run(cfg: Config, resume: bool, force: bool, view: ViewFactory | None = None) -> dict:
     rank, world = dist.init()
     rundir.check_run_dir(cfg, resume, force)  # every rank, before rank 0 writes anything
     dist.barrier()
     dist.bind_cpu_threads()
     ctx = setup(cfg, rank, world, resume, force)
-    train(ctx, console)
+    train(ctx, view)
     dist.barrier()
     return ctx.summary if rank == 0 else None
 
@@ -64,10 +81,6 @@ def setup(cfg: Config, rank: int, world: int, resume: bool, force: bool) -> Cont
 
     hf_logging.disable_progress_bar()  # the live view is the progress display
 
-    from pipeline.rollout.engine import RolloutEngine
-    from pipeline.tasks.data import resolve_reward
-    from pipeline.train.actor import Actor
-
     if cfg.run.threads:
         import torch
         torch.set_num_threads(cfg.run.threads)
@@ -76,7 +89,7 @@ def setup(cfg: Config, rank: int, world: int, resume: bool, force: bool) -> Cont
         rundir.start(cfg, resume, force)
     dist.barrier()
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-    prompts = PromptSource(list(load_prompts(cfg)), cfg.data.train_batch_size, cfg.data.seed,
+    prompts = PromptSource(list(train_rows(cfg.data)), cfg.data.train_batch_size, cfg.data.seed,
                            cfg.data.shuffle)
     reward_fn = resolve_reward(cfg.data.reward or cfg.data.task, cfg.data.partial_credit)
     actor = Actor(cfg, world)
@@ -85,7 +98,7 @@ def setup(cfg: Config, rank: int, world: int, resume: bool, force: bool) -> Cont
                            cfg.spec)
     ctx = Context(cfg, rank, world, engine, actor, tokenizer, prompts, reward_fn, run_dir)
     ctx.scheduler = ScheduledRollout.maybe(cfg, world, run_dir)
-    ctx.eval_set = eval_prompts(cfg, {p.id for p in prompts.prompts})
+    ctx.eval_set = eval_prompts(cfg.data, {p.id for p in prompts.prompts})
     if rank == 0:
         ctx.history = HistoryStore(run_dir)
         ctx.metrics = MetricsLog(run_dir)
@@ -97,7 +110,6 @@ def setup(cfg: Config, rank: int, world: int, resume: bool, force: bool) -> Cont
 
 def restore(ctx: Context) -> None:
     """Load the last complete checkpoint and roll history and metrics back to it."""
-    from pipeline.errors import UsageError
 
     ckpt = checkpoint.latest(ctx.run_dir / "checkpoints")
     if ckpt is None:
@@ -126,7 +138,6 @@ def restore_drafting(ctx: Context) -> None:
     """Refill the drafter's history window from the run's index, refreshed (rank 0) to the
     rolled-back history first. A missing index means live drafting only, with a warning; a
     corrupt or foreign one stops the run (one line, exit 2) rather than being used."""
-    from pipeline.history import index
 
     drafting = ctx.engine.drafting
     if drafting is None or not drafting.spec.method.startswith("history"):
@@ -147,15 +158,15 @@ def restore_drafting(ctx: Context) -> None:
     drafting.load_history(loaded.responses(as_arrays=True))
 
 
-def train(ctx: Context, console) -> None:
+def train(ctx: Context, view_factory: ViewFactory | None = None) -> None:
     cfg = ctx.cfg
     total = cfg.train.total_steps
     started = time.time()
     last: dict = {}
-    view = LiveView(total, console, start_step=ctx.start_step) if ctx.rank == 0 else None
+    show = view_factory if ctx.rank == 0 and view_factory is not None else None
     if ctx.start_step == 0:
         run_eval(ctx, 0)
-    with view if view else nullcontext():
+    with show(total, ctx.start_step) if show else nullcontext() as view:
         for step in range(ctx.start_step, total):
             step_started = time.perf_counter()
             result = rl_step(ctx, step)
@@ -174,7 +185,8 @@ def train(ctx: Context, console) -> None:
                     result.metrics[f"eval_{key}"] = value
             if ctx.rank == 0:
                 ctx.metrics.append(result.metrics)
-                view.update(result.metrics)
+                if view is not None:
+                    view.update(result.metrics)
             last = result.metrics
     ctx.summary = {"run_dir": str(ctx.run_dir), "steps": total, "last": last,
                    "seconds": round(time.time() - started, 1),
@@ -205,7 +217,6 @@ def save(ctx: Context, steps_done: int) -> None:
                  "policy_version": ctx.policy_version, "history_last_step": steps_done - 1,
                  "world_size": ctx.world_size, "pid": os.getpid()}
         checkpoint.commit(root, steps_done, state, Path(ctx.cfg.model.path), ctx.cfg.run.keep_checkpoints)
-        from pipeline.history import index  # kept current for restarts and `rhymectl index`
 
-        index.build(ctx.run_dir, ctx.cfg.model.path, ctx.cfg.spec.history_epochs)
+        index.build(ctx.run_dir, ctx.cfg.model.path, ctx.cfg.spec.history_epochs)  # for restarts
     dist.barrier()

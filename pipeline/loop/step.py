@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.loop import dist, rollouts
+from pipeline import distributed as dist
+from pipeline.costs import bubble_ratio, tail_s
+from pipeline.loop import rollouts
 from pipeline.loop.batches import shard
 from pipeline.loop.metrics import summarize_lengths
 from pipeline.loop.timer import PhaseTimer
-from pipeline.sched.simulator import tail_s
-from pipeline.rollout.engine import SamplingSpec
+from pipeline.rollout.engine import Sampling
 
 
 @dataclass
@@ -60,10 +61,10 @@ def rl_step(ctx, step: int) -> StepResult:
     return StepResult(metrics, records)
 
 
-def sampling(cfg, step: int) -> SamplingSpec:
+def sampling(cfg, step: int) -> Sampling:
     """Per-step seeds: the same step samples the same way after a resume."""
     r = cfg.rollout
-    return SamplingSpec(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+    return Sampling(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                         max_tokens=r.max_tokens, seed=(cfg.run.seed * 1_000_003 + step) * 65_536)
 
 
@@ -90,7 +91,6 @@ def step_metrics(step, epoch, version, records, everything, phases: PhaseTimer) 
     out["time_rollout_s"] = round(rollout_s, 4)
     # how the rollout work spread over the ranks (the rollout workers): idle rank-seconds
     # over rank-seconds, and the time spent finishing the last 10 % of the responses
-    out["rollout_bubble_ratio"] = round(max(0.0, 1 - sum(busy) / (len(busy) * rollout_s)), 4) \
-        if rollout_s > 0 else 0.0
+    out["rollout_bubble_ratio"] = round(bubble_ratio(busy, rollout_s), 4)
     out["rollout_tail_s"] = round(tail_s([f for _, _, _, fs, _ in everything for f in fs]), 4)
     return out

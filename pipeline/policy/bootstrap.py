@@ -28,7 +28,7 @@ BUILD_VERSION = 1  # bump when the recipe changes, so stale caches are rebuilt
 
 
 @dataclass(frozen=True)
-class InitSpec:
+class InitOptions:
     task: str = "sort"
     seed: int = 0
     arch: TinyArch = field(default_factory=TinyArch)
@@ -41,7 +41,7 @@ class InitSpec:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def cached_manifest(out: Path, spec: InitSpec) -> dict | None:
+def cached_manifest(out: Path, spec: InitOptions) -> dict | None:
     """The manifest of `out` if it was built with exactly `spec`, else None."""
     try:
         manifest = json.loads((out / MANIFEST).read_text())
@@ -60,7 +60,7 @@ def held_out_rows(task_name: str, seed: int, n: int, exclude_ids: set[str]) -> l
     return [r for r in rows if r["id"] not in exclude_ids][:n]
 
 
-def init_model(out: Path, spec: InitSpec, force: bool = False,
+def init_model(out: Path, spec: InitOptions, force: bool = False,
                on_sft_step: Callable[[int, float], None] | None = None) -> dict:
     """Build (or reuse) the tiny policy in `out`; returns its manifest."""
     if not force and (hit := cached_manifest(out, spec)):

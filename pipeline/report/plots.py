@@ -89,7 +89,6 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None,
 
 def _add_evals(ax, run_dir: Path) -> None:
     """Held-out greedy accuracy (eval.jsonl, written by training) as a second series."""
-    from pipeline.loop.metrics import MetricsLog
 
     evals = MetricsLog(run_dir, "eval.jsonl").read()
     if evals:

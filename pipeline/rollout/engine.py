@@ -33,7 +33,7 @@ class Completion:
 
 
 @dataclass(frozen=True)
-class SamplingSpec:
+class Sampling:
     n: int
     temperature: float
     top_p: float = 1.0
@@ -87,8 +87,8 @@ class RolloutEngine:
         self.last_output = (0, 0)  # (generated tokens, requests) of the last `generate`
 
     # -- generation ---------------------------------------------------------------------
-    def generate(self, prompts: Sequence[list[int]], spec: SamplingSpec) -> list[list[Completion]]:
-        """`spec.n` responses per prompt (token-id prompts) → one list of completions per prompt.
+    def generate(self, prompts: Sequence[list[int]], sampling: Sampling) -> list[list[Completion]]:
+        """`sampling.n` responses per prompt (token-id prompts) → one list of completions per prompt.
 
         Each response is its own request (the prompt repeated), so every response has its own
         id, timing and finish reason, and greedy decoding (which vLLM restricts to n=1 under
@@ -98,18 +98,18 @@ class RolloutEngine:
 
         requests, params = [], []
         for p_idx, ids in enumerate(prompts):
-            for k in range(spec.n):
+            for k in range(sampling.n):
                 requests.append(TokensPrompt(prompt_token_ids=list(ids)))
-                seed = None if spec.seed is None else spec.seed + p_idx * spec.n + k
-                params.append(_params(spec, seed))
-        started = self._begin(prompts, spec.n)
+                seed = None if sampling.seed is None else sampling.seed + p_idx * sampling.n + k
+                params.append(_params(sampling, seed))
+        started = self._begin(prompts, sampling.n)
         try:
             outputs = self.llm.generate(requests, params, use_tqdm=False)
         finally:
             self.last_passes = self.meter.stop()
         groups: list[list[Completion]] = [[] for _ in prompts]
         for i, out in enumerate(outputs):
-            groups[i // spec.n].append(_completion(out, started))
+            groups[i // sampling.n].append(_completion(out, started))
         self._end((sum(len(c.token_ids) for g in groups for c in g), len(outputs)))
         return groups
 
@@ -127,7 +127,7 @@ class RolloutEngine:
         if self.drafting:
             self.drafting.after()
 
-    # -- streaming (requests added and finished one by one; see pipeline.sched.runtime) ---
+    # -- streaming (requests added and finished one by one; see pipeline.loop.sched_runtime) ---
     def open_stream(self, prompts: Sequence[list[int]], n: int) -> None:
         """Start a rollout whose requests arrive through `submit` (the groups' prompts are
         announced to the drafter, as `generate` does)."""
@@ -135,7 +135,7 @@ class RolloutEngine:
         self._stream_keys: dict[str, str] = {}
         self._stream_output = [0, 0]
 
-    def submit(self, key: str, prompt_ids: Sequence[int], spec: SamplingSpec,
+    def submit(self, key: str, prompt_ids: Sequence[int], sampling: Sampling,
                prompt_len: int | None = None) -> None:
         """Queue one request (n must be 1); its completion comes back from `step` as `key`.
 
@@ -144,7 +144,7 @@ class RolloutEngine:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        params = _params(spec, spec.seed, output_kind=RequestOutputKind.FINAL_ONLY)
+        params = _params(sampling, sampling.seed, output_kind=RequestOutputKind.FINAL_ONLY)
         if self.drafting and prompt_len is not None and prompt_len < len(prompt_ids):
             self.drafting.proposer.continues(key, prompt_len)
         rid = self.llm.llm_engine.add_request(key, TokensPrompt(prompt_token_ids=list(prompt_ids)),
@@ -245,12 +245,12 @@ class RolloutEngine:
             self.llm.wake_up()
 
 
-def _params(spec: SamplingSpec, seed: int | None, **extra):
+def _params(sampling: Sampling, seed: int | None, **extra):
     """vLLM sampling parameters of one response (n=1), with its logprobs."""
     from vllm import SamplingParams
 
-    return SamplingParams(n=1, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
-                          max_tokens=spec.max_tokens, logprobs=0, seed=seed, **extra)
+    return SamplingParams(n=1, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                          max_tokens=sampling.max_tokens, logprobs=0, seed=seed, **extra)
 
 
 def _completion(out, started: float) -> Completion:

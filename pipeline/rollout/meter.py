@@ -24,6 +24,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from pipeline import costs
+
 
 @dataclass
 class PassCounts:
@@ -37,12 +39,11 @@ class PassCounts:
     samples: list = field(default_factory=list)  # (scheduled tokens, seconds, had prefill)
 
     def tau(self, generated: int, requests: int) -> float:
-        decode = self.seq_passes - self.prefill_seq_passes
-        return (generated - requests) / decode if decode > 0 else 1.0
+        return costs.tau(generated - requests, self.seq_passes - self.prefill_seq_passes)
 
     def accept_rate(self, generated: int, requests: int) -> float:
-        accepted = generated - requests - (self.seq_passes - self.prefill_seq_passes)
-        return max(0.0, accepted / self.draft_tokens) if self.draft_tokens else 0.0
+        return costs.accept_rate(generated - requests, self.seq_passes - self.prefill_seq_passes,
+                                 self.draft_tokens)
 
 
 class PassMeter:

@@ -31,10 +31,10 @@ from typing import Any, Hashable, Sequence
 
 import numpy as np
 
-from pipeline.spec.budget import DraftBudget
-from pipeline.spec.calibration import conditional
-from pipeline.spec.critical import CriticalBudget
-from pipeline.spec.drafter import GroupDrafter
+from pipeline.drafting.budget import DraftBudget
+from pipeline.drafting.calibration import conditional
+from pipeline.drafting.critical import CriticalBudget
+from pipeline.drafting.drafter import GroupDrafter
 
 CLASS_PATH = "pipeline.rollout.proposer.RhymeProposer"
 

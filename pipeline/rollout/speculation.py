@@ -65,8 +65,8 @@ class Drafting:
 
     def __init__(self, runner, spec: SpecConfig):
         from pipeline.rollout.proposer import attach
-        from pipeline.spec.build import drafter_config, make_budget
-        from pipeline.spec.drafter import GroupDrafter
+        from pipeline.drafting.build import drafter_config, make_budget
+        from pipeline.drafting.drafter import GroupDrafter
 
         self.spec = spec
         self.drafter = GroupDrafter(drafter_config(spec))
@@ -97,7 +97,7 @@ class Drafting:
 
     def remember(self, records: Sequence) -> None:
         """Add one step's rollout records (all ranks') to the per-prompt history."""
-        from pipeline.spec.drafter import history_from_records
+        from pipeline.drafting.inputs import history_from_records
 
         by_prompt = history_from_records(records)
         epoch = {r.prompt_hash: r.epoch for r in records}
@@ -113,7 +113,7 @@ class Drafting:
         """Refill the per-prompt window from a history index (`HistoryIndex.responses()`:
         prompt hash -> [(epoch, token ids, reward)], oldest first), e.g. after a resume.
         Returns the prompts loaded."""
-        from pipeline.spec.drafter import HistoryResponse
+        from pipeline.drafting.inputs import HistoryResponse
 
         for key, rows in responses.items():
             window = self._epochs[key]

@@ -4,7 +4,7 @@
   split by position into W contiguous, equal shares.
 - histopipe: RhymeRL's first tier. Groups are ranked by predicted length and dealt longest
   first to the worker with the least predicted time so far (LPT on
-  `pipeline.sched.cost.LoadEstimate`, so every worker gets the same predicted work in
+  `pipeline.sched.load.LoadEstimate`, so every worker gets the same predicted work in
   seconds); siblings stay together, which group drafting needs. Odd steps mirror the
   worker order, so the worker that got the longest group gets the shortest end next step.
   Online, a response that runs past `migrate_factor` times its prediction moves to a
@@ -23,9 +23,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from pipeline.costs import SCHED_COST, CostModel
 from pipeline.errors import UsageError
+from pipeline.sched.predictor import LengthPredictor
 from pipeline.sched.seer import SeerPolicy
-from pipeline.sched.work import (Chunk, Cluster, Dispatcher, Placement, PlacementParams, Request,
+from pipeline.sched.types import (Chunk, Cluster, Dispatcher, Placement, PlacementParams, Request,
                                  check_workers, longest_first, lpt, place_continuation,
                                  requests_of)
 
@@ -143,6 +145,15 @@ def make_policy(name: str, params: PlacementParams = PlacementParams()) -> Place
                          f"{', '.join(POLICIES)}") from None
 
 
+def step_params(predictor: LengthPredictor, requests_per_worker: int, *, chunk_tokens: int,
+                capacity: int, cost: CostModel = SCHED_COST) -> PlacementParams:
+    """The one way a step's placement is parameterised, by training and by both benches:
+    `length_floor` is the length the longest of a worker's `requests_per_worker` responses
+    probably reaches anyway (`LengthPredictor.typical_max`)."""
+    return PlacementParams(chunk_tokens=chunk_tokens, cost=cost, capacity=capacity,
+                           length_floor=predictor.typical_max(requests_per_worker))
+
+
 def resolve_policy_name(name: str, workers: int) -> str:
     """sched.policy `auto` means seer when there is more than one rollout worker."""
     if name == "auto":
@@ -151,4 +162,4 @@ def resolve_policy_name(name: str, workers: int) -> str:
 
 
 __all__ = ["POLICIES", "HistoPipePolicy", "ListDispatcher", "OraclePolicy", "SeerPolicy",
-           "StaticPolicy", "make_policy", "policy_names", "resolve_policy_name"]
+           "StaticPolicy", "make_policy", "policy_names", "resolve_policy_name", "step_params"]

@@ -16,6 +16,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from pipeline.history.store import HistoryStore
+
 LengthHistory = Mapping[str, Mapping[int, Sequence[int]]]  # prompt_id -> epoch -> lengths
 
 
@@ -68,8 +70,6 @@ class LengthPredictor:
 
     @classmethod
     def from_run(cls, run_dir: str | Path, **kwargs) -> "LengthPredictor":
-        from pipeline.history.store import HistoryStore
-
         return cls(HistoryStore(run_dir, readonly=True).lengths(), **kwargs)
 
     def known(self, prompt_id: str) -> bool:

@@ -22,9 +22,9 @@ import heapq
 from collections import deque
 from typing import Sequence
 
-from pipeline.sched.cost import LoadEstimate
+from pipeline.sched.load import LoadEstimate
 from pipeline.sched.predictor import refine
-from pipeline.sched.work import (Chunk, Cluster, Dispatcher, GroupWork, Placement, PlacementParams,
+from pipeline.sched.types import (Chunk, Cluster, Dispatcher, GroupWork, Placement, PlacementParams,
                                  Request, check_workers, lpt, place_continuation)
 
 

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import count
 from typing import Sequence
 
-from pipeline.sched.cost import SPEC_COST_MODELS, CostModel
-from pipeline.sched.work import Chunk, Dispatcher, GroupWork, Placement, check_workers
+from pipeline.costs import SCHED_COST, CostModel, bubble_ratio, tail_s
+from pipeline.sched.types import Chunk, Dispatcher, GroupWork, Placement, check_workers
 
 Segment = tuple[float, float, int]  # (start_s, end_s, running requests), a busy interval
 
@@ -35,7 +35,7 @@ class SimConfig:
     workers: int
     capacity: int = 256  # concurrent requests per worker (rollout.max_num_seqs)
     prompt_tokens: int = 16
-    cost: CostModel = field(default_factory=CostModel)
+    cost: CostModel = SCHED_COST
 
     def __post_init__(self):
         if self.capacity < 1:
@@ -79,14 +79,8 @@ def ideal_s(groups: Sequence[GroupWork], config: SimConfig) -> float:
     return max(work, prefill_s + max(lengths) / fastest)
 
 
-def tail_s(finish: Sequence[float]) -> float:
-    """Time from the moment 90 % of the requests (rounded up) had finished to the last."""
-    done = sorted(finish)
-    return done[-1] - done[math.ceil(0.9 * len(done)) - 1]
-
-
 class _Cluster:
-    """The simulator's workers as `pipeline.sched.work.Cluster`."""
+    """The simulator's workers as `pipeline.sched.types.Cluster`."""
 
     def __init__(self, sim: "_Step", workers: int, capacity: int):
         self.sim, self.workers, self.capacity = sim, workers, capacity
@@ -219,14 +213,13 @@ def simulate(policy: Placement, groups: Sequence[GroupWork], config: SimConfig,
     sim = _Step(groups, config)
     sim.run(policy.dispatcher(groups, config.workers, step))
     makespan = max(sim.finish)
-    busy = sum(end - start for line in sim.timelines for start, end, _ in line)
-    total = config.workers * makespan
+    busy = [sum(end - start for start, end, _ in line) for line in sim.timelines]
     finish = [sim.finish[sim.offset[g]:sim.offset[g + 1]] for g in range(len(groups))]
     return SimResult(policy=policy.name, workers=config.workers, makespan_s=makespan,
                      ideal_s=ideal_s(groups, config),
-                     bubble_ratio=(total - busy) / total if total > 0 else 0.0,
+                     bubble_ratio=bubble_ratio(busy, makespan),
                      tail_s=tail_s(sim.finish), migrations=sim.migrations,
                      finish_s=finish, timelines=sim.timelines)
 
 
-__all__ = ["CostModel", "SPEC_COST_MODELS", "SimConfig", "SimResult", "ideal_s", "simulate", "tail_s"]
+__all__ = ["SimConfig", "SimResult", "ideal_s", "simulate"]

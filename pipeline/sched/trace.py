@@ -18,6 +18,7 @@ from typing import Iterator
 import numpy as np
 
 from pipeline.errors import UsageError
+from pipeline.history.store import HistoryStore
 
 GROUP_KEYS = ("group", "group_id", "prompt_id")
 
@@ -94,7 +95,6 @@ def read_trace(path: str | Path) -> Trace:
 
 def open_history(run_dir: str | Path, hint: str):
     """The run directory's history store (read-only); UsageError ending in `hint` if empty."""
-    from pipeline.history.store import HistoryStore
 
     run_dir = Path(run_dir)
     store = HistoryStore(run_dir, readonly=True)

@@ -1,0 +1,1 @@
+"""Benchmarks (`rhymectl bench spec|sched`): drivers that measure, and their figures."""

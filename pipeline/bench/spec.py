@@ -1,0 +1,265 @@
+"""`rhymectl bench spec`: every speculative method on the same work, side by side.
+
+For each method one vLLM engine is built and lives through the measured epochs, as a
+training run's engine would: before epoch e it loads the policy checkpointed when e began,
+and its drafting state learns the epochs before e — rhymectl's drafter through the same
+per-prompt window training uses, vLLM's `suffix` method by having its global cache fed
+the same responses (the strongest form of that peer). Then epoch e's training batches are
+regenerated with the training run's per-step seeds.
+
+Per method (all counts from `pipeline.rollout.meter`, the same for every method):
+tau, accept_rate, passes, scheduled_tokens, rollout_s (wall time of the generate calls),
+tok_per_s, speedup (rollout_s of none / own), floor_s (generated tokens × the measured
+cost per scheduled token, the slope of a least-squares fit of pass time on scheduled
+tokens over the method's own passes: no per-pass overhead, no rejected drafts — the
+physical limit of that work on this machine), drafter_s / drafter_frac (time inside the
+drafter) and, at temperature 0, whether its responses are token-identical to none's.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+from pipeline import costs
+from pipeline import distributed as dist
+from pipeline.bench.spec_plan import Plan
+from pipeline.costs import CostModel
+from pipeline.errors import RuntimeFailure, UsageError
+from pipeline.history.store import HistoryStore, prompt_hash
+from pipeline.loop.step import sampling
+from pipeline.rollout.engine import RolloutEngine
+from pipeline.tasks.prompts import distinct, eval_prompts, train_rows
+
+PER_METHOD_KEYS = ("tau", "accept_rate", "passes", "scheduled_tokens", "rollout_s", "tok_per_s",
+                   "speedup", "floor_s", "identical")
+
+
+@dataclass
+class StepWork:
+    step: int
+    prompt_ids: list[list[int]]
+
+
+@dataclass
+class EpochWork:
+    epoch: int
+    policy_dir: Path
+    steps: list[StepWork]
+    earlier: list  # history records of the epochs before this one not yet seen (oldest first)
+
+
+@dataclass
+class MethodResult:
+    name: str
+    rollout_s: float = 0.0
+    requests: int = 0
+    generated: int = 0
+    passes: int = 0
+    scheduled_tokens: int = 0
+    seq_passes: int = 0
+    prefill_seq_passes: int = 0
+    draft_tokens: int = 0
+    drafter_s: float = 0.0
+    samples: list = field(default_factory=list)
+    outputs: list = field(default_factory=list)  # token ids per request, in order
+    calibration: dict | None = None  # the critical budget's `Calibrator.state()`
+
+    def add(self, counts, seconds: float, groups) -> None:
+        self.rollout_s += seconds
+        for group in groups:
+            for c in group:
+                self.requests += 1
+                self.generated += len(c.token_ids)
+                self.outputs.append(list(c.token_ids))
+        self.passes += counts.passes
+        self.scheduled_tokens += counts.scheduled_tokens
+        self.seq_passes += counts.seq_passes
+        self.prefill_seq_passes += counts.prefill_seq_passes
+        self.draft_tokens += counts.draft_tokens
+        self.drafter_s += counts.draft_seconds
+        self.samples.extend(counts.samples)
+
+
+def build_work(plan: Plan, tokenizer) -> list[EpochWork]:
+    """Epoch 1 .. E-1 of the plan's run: prompts per step and the history before each."""
+
+    store = HistoryStore(plan.run_dir, readonly=True)
+    text = {p.id: p.text for p in distinct(train_rows(plan.cfg.data))}
+    records = store.read_all()
+    work = []
+    for e in range(1, plan.epochs):
+        steps = []
+        for s in range(e * plan.steps_per_epoch, (e + 1) * plan.steps_per_epoch):
+            order = list(dict.fromkeys(r.prompt_id for r in records if r.step == s))
+            steps.append(StepWork(s, [tokenizer(text[pid])["input_ids"] for pid in order]))
+        earlier = [r for r in records if r.epoch == e - 1] if e > 1 else \
+            [r for r in records if r.epoch < e]
+        work.append(EpochWork(e, plan.checkpoint(e), steps, earlier))
+    return work
+
+
+# What the worker writes on its stdout after each regenerated step (its logs go to stderr).
+PROGRESS_LINE = "rhymectl-bench-step\n"
+
+
+def run_isolated(config_path: Path, overrides: list[str], plan: Plan, method: str,
+                 advance: Callable[[], None] = lambda: None) -> MethodResult:
+    """`run_method` in a fresh Python process, so no method inherits another's process
+    state (and vLLM 0.32 cannot build an engine after its n-gram proposer loaded numba:
+    its kernel dispatcher trips over llvmlite's library object in `sys.modules`).
+    `advance()` runs here after each step the worker regenerated."""
+    result_path = plan.run_dir / "report" / f".bench-spec-{method.replace('+', '_')}.json"
+    result_path.parent.mkdir(parents=True, exist_ok=True)
+    result_path.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "pipeline.bench.spec_worker", str(config_path), str(plan.run_dir),
+           str(plan.epochs), method, str(result_path), *overrides]
+    # our stdout is kept for the --json object; the worker's carries its progress
+    with subprocess.Popen(cmd, env=dict(os.environ), stdout=subprocess.PIPE, text=True) as proc:
+        for line in proc.stdout:
+            if line == PROGRESS_LINE:
+                advance()
+            else:
+                sys.stderr.write(line)
+    code = proc.returncode
+    if code or not result_path.is_file():
+        raise RuntimeFailure(f"bench spec: method {method} failed (exit {code}): {' '.join(cmd)}")
+    data = json.loads(result_path.read_text())
+    result_path.unlink()
+    return MethodResult(**data)
+
+
+def warmup_prompts(plan: Plan, tokenizer) -> list[list[int]]:
+    """One step's worth of held-out prompts (never trained on, never measured): each engine
+    generates them once before measuring, so no method pays the CPU kernels' first-shape
+    costs inside its measurement. Empty for a user data set without data.eval_path."""
+
+    held_out = eval_prompts(plan.cfg.data, set())[: plan.cfg.data.train_batch_size]
+    return [tokenizer(p.text)["input_ids"] for p in held_out]
+
+
+def run_method(plan: Plan, method: str, work: list[EpochWork], advance,
+               warmup: list[list[int]] = ()) -> MethodResult:
+    """Regenerate every epoch's work with one method; `advance()` after each step."""
+
+    cfg = plan.cfg
+    dist.init()  # one 1-rank group for every engine (vLLM would otherwise make its own)
+    engine = RolloutEngine(cfg.model, cfg.rollout,
+                           cfg.data.max_prompt_length + cfg.rollout.max_tokens, cfg.run.seed,
+                           replace(cfg.spec, method=method))
+    result = MethodResult(method)
+    try:
+        if warmup:
+            engine.generate(list(warmup), replace(sampling(cfg, -1), seed=None))
+        for ew in work:
+            engine.update_weights(_policy_tensors(ew.policy_dir), ew.epoch)
+            _learn_history(engine, method, ew.earlier, prompt_ids_of(work))
+            for sw in ew.steps:
+                spec = sampling(cfg, sw.step)
+                t0 = time.perf_counter()
+                groups = engine.generate(sw.prompt_ids, spec)
+                result.add(engine.last_passes, time.perf_counter() - t0, groups)
+                advance()
+        if engine.drafting is not None:
+            result.calibration = engine.drafting.calibration()
+    finally:
+        del engine
+        gc.collect()
+    return result
+
+
+def prompt_ids_of(work: list[EpochWork]) -> dict[str, list[int]]:
+    """prompt hash -> token ids, for every prompt of the measured epochs."""
+
+    return {prompt_hash(ids): ids for ew in work for sw in ew.steps for ids in sw.prompt_ids}
+
+
+def _learn_history(engine, method: str, records: list, prompts: dict[str, list[int]]) -> None:
+    if not records:
+        return
+    if engine.drafting is not None:
+        for epoch in sorted({r.epoch for r in records}):  # epoch by epoch, as training does
+            engine.drafting.remember([r for r in records if r.epoch == epoch])
+    elif method == "suffix":
+        engine.warm_suffix_cache((prompts.get(r.prompt_hash, []), r.response_ids)
+                                 for r in records)
+
+
+def _policy_tensors(policy_dir: Path):
+    from safetensors.torch import load_file
+
+    files = sorted(policy_dir.glob("*.safetensors"))
+    if not files:
+        raise UsageError(f"{policy_dir} holds no safetensors weights; rerun the bench with a "
+                         f"new --run-dir")
+    for f in files:
+        yield from load_file(str(f)).items()
+
+
+def summarize(results: dict[str, MethodResult], temperature: float) -> dict[str, dict]:
+    """The per-method numbers of the report (see the module docstring)."""
+    base = results["none"]
+    base_cost = costs.fit(decode_samples(base),
+                          CostModel(0.0, base.rollout_s / max(1, base.scheduled_tokens)))
+    out = {}
+    for name, r in results.items():
+        decode = r.seq_passes - r.prefill_seq_passes
+        emitted = r.generated - r.requests
+        cost = costs.fit(decode_samples(r), base_cost)
+        out[name] = {
+            "tau": round(costs.tau(emitted, decode), 4),
+            "accept_rate": round(costs.accept_rate(emitted, decode, r.draft_tokens), 4),
+            "passes": r.passes,
+            "scheduled_tokens": r.scheduled_tokens,
+            "rollout_s": round(r.rollout_s, 3),
+            "tok_per_s": round(r.generated / r.rollout_s, 1) if r.rollout_s else 0.0,
+            "speedup": round(base.rollout_s / r.rollout_s, 3) if r.rollout_s else 0.0,
+            "floor_s": round(r.generated * cost.per_token_s, 3),
+            "identical": (r.outputs == base.outputs) if temperature == 0 else None,
+            # beyond the contract: where the time goes
+            "generated_tokens": r.generated,
+            "drafter_s": round(r.drafter_s, 3),
+            "drafter_frac": round(r.drafter_s / r.rollout_s, 4) if r.rollout_s else 0.0,
+            "pass_base_ms": round(cost.base_s * 1e3, 3),
+            "pass_per_token_ms": round(cost.per_token_s * 1e3, 5),
+        }
+    return out
+
+
+def decode_samples(r: MethodResult) -> list[tuple[int, float]]:
+    """(scheduled tokens, seconds) of the passes without a prompt prefill: the cost of a
+    decode pass is what speculation trades in (prefill passes are the same for all)."""
+    return [(tokens, seconds) for tokens, seconds, prefill in r.samples if not prefill]
+
+
+def workload(plan: Plan, work: list[EpochWork], results: dict[str, MethodResult]) -> dict:
+    import torch
+
+    cfg, base = plan.cfg, results["none"]
+    steps = [sw for ew in work for sw in ew.steps]
+    return {
+        "run_dir": str(plan.run_dir), "model": cfg.model.path, "task": cfg.data.task,
+        "epochs_trained": plan.epochs, "epochs_measured": [ew.epoch for ew in work],
+        "steps_per_epoch": plan.steps_per_epoch, "steps": len(steps),
+        "prompts_per_step": cfg.data.train_batch_size, "n": cfg.rollout.n,
+        "sequences_per_step": cfg.data.train_batch_size * cfg.rollout.n,
+        "requests": base.requests, "generated_tokens_none": base.generated,
+        "mean_response_tokens": round(base.generated / max(1, base.requests), 1),
+        "temperature": cfg.rollout.temperature, "max_tokens": cfg.rollout.max_tokens,
+        "num_speculative_tokens": cfg.spec.num_speculative_tokens,
+        "history_epochs": cfg.spec.history_epochs,
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+__all__ = ["EpochWork", "MethodResult", "PER_METHOD_KEYS", "StepWork", "build_work",
+           "run_method", "summarize", "workload"]

@@ -1,0 +1,95 @@
+"""torch.distributed for the loop: one group (gloo on CPU, nccl on GPU) shared by DeepSpeed,
+vLLM's external launcher and the history exchange. A single process without torchrun still
+gets a one-rank group, so every run takes the same code path."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init() -> tuple[int, int]:
+    """Initialise the process group from torchrun's environment (or a 1-rank default)."""
+    if not dist.is_initialized():
+        if "RANK" not in os.environ:
+            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                              MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group(backend=backend)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def bind_cpu_threads() -> None:
+    """Give each local rank its own cores (vLLM's CPU worker binds OpenMP threads)."""
+    if torch.cuda.is_available() or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if local_world <= 1:
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    share = max(1, len(cores) // local_world)
+    rank = int(os.environ.get("LOCAL_RANK", 0))
+    mine = cores[rank * share: (rank + 1) * share] or cores[-1:]
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, mine))
+    torch.set_num_threads(len(mine))
+
+
+def all_gather(obj: Any) -> list[Any]:
+    """Every rank's `obj`, in rank order (small Python objects: records, metrics)."""
+    if dist.get_world_size() == 1:
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier() -> None:
+    if dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+class CoordinationStore:
+    """A key-value store that every rank reads and writes without collectives: a
+    torch.distributed `TCPStore` hosted by rank 0 on a free port, which the ranks learn over
+    the process group. Every rank constructs it together (a broadcast); the run that creates
+    it owns it. A blocking `get` gives up after `timeout_s` seconds.
+
+    `channel()` hands out a fresh key namespace (a `PrefixStore`) per use, so one use never
+    reads another's keys.
+    """
+
+    def __init__(self, timeout_s: float):
+        rank = dist.get_rank()
+        port = [free_port() if rank == 0 else 0]
+        dist.broadcast_object_list(port, src=0)
+        self.timeout_s = timeout_s
+        self.store = dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"), port[0],
+                                   dist.get_world_size(), is_master=rank == 0,
+                                   timeout=timedelta(seconds=timeout_s))
+        self._uses = itertools.count()
+
+    def channel(self, name: str) -> dist.PrefixStore:
+        """A namespace of its own: `name/<n>/` for the n-th channel of this store."""
+        return dist.PrefixStore(f"{name}/{next(self._uses)}", self.store)
+
+    def num_keys(self) -> int:
+        return self.store.num_keys()

@@ -1,0 +1,84 @@
+"""What the drafter is configured with and fed: `DrafterConfig` (which trees it draws on and
+how far it drafts) and the earlier epochs' responses of a prompt (`HistoryResponse`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    """What the drafter draws on and how far it drafts.
+
+    max_depth: suffix-tree depth, tokens (vLLM's suffix default is 24);
+    min_path_prob: cut a draft before its path probability falls below this;
+    max_spec_factor / max_spec_offset: a draft is at most factor * match_len + offset
+    tokens (short matches draft little);
+    reward_copies: with reward_weighted, the best response of a prompt counts
+    1 + reward_copies times and the worst once (linear in between) — RhymeRL's
+    reward-aware tree, realised as repeated sequences so the C++ counts carry the weight;
+    max_global_responses: history responses kept in the global tree (FIFO);
+    global_live: with siblings on, live responses also enter the global tree (drafts for
+    other prompts' requests). Off by default: it doubles the tree work per live token and,
+    measured with `rhymectl bench spec`, the cross-prompt format is already in the global
+    tree through the history.
+    """
+
+    use_history: bool = True
+    use_siblings: bool = True
+    use_global: bool = True
+    max_depth: int = 24
+    min_path_prob: float = 0.1
+    max_spec_factor: float = 1.0
+    max_spec_offset: float = 0.0
+    reward_weighted: bool = False
+    reward_copies: int = 2
+    max_cached_prompts: int = 4096
+    max_global_responses: int = 10000
+    global_live: bool = False
+
+    @classmethod
+    def for_method(cls, method: str, **kwargs) -> "DrafterConfig":
+        """`history`, `group` or `history+group` (the `spec.method` names)."""
+        sources = {"history": (True, False), "group": (False, True),
+                   "history+group": (True, True)}
+        if method not in sources:
+            raise ValueError(f"no drafter for spec.method {method!r}; "
+                             f"expected one of {sorted(sources)}")
+        use_history, use_siblings = sources[method]
+        return cls(use_history=use_history, use_siblings=use_siblings, **kwargs)
+
+
+
+@dataclass(frozen=True)
+class HistoryResponse:
+    """One earlier response to a prompt; reward is used only with reward_weighted."""
+
+    token_ids: Sequence[int]
+    reward: float | None = None
+
+
+
+def reward_copies(responses: Sequence[HistoryResponse], cfg: DrafterConfig) -> list[int]:
+    """How many times each history response enters the trees (1 unless reward-weighted)."""
+    rewards = [r.reward for r in responses]
+    if not cfg.reward_weighted or not rewards or any(r is None for r in rewards):
+        return [1] * len(responses)
+    lo, hi = min(rewards), max(rewards)
+    if hi <= lo:
+        return [1] * len(responses)
+    return [1 + int(round(cfg.reward_copies * (r - lo) / (hi - lo))) for r in rewards]
+
+
+
+def history_from_records(records: Iterable) -> dict[str, list[HistoryResponse]]:
+    """Group history-store `RolloutRecord`s by prompt hash, as `set_history` takes them."""
+    out: dict[str, list[HistoryResponse]] = {}
+    for rec in records:
+        out.setdefault(rec.prompt_hash, []).append(
+            HistoryResponse(list(rec.response_ids), float(rec.reward)))
+    return out
+
+
+__all__ = ["DrafterConfig", "HistoryResponse", "history_from_records", "reward_copies"]

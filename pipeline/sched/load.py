@@ -1,0 +1,100 @@
+"""A rollout worker's predicted load, in seconds of decode passes (`pipeline.costs`).
+
+A decode pass over b running requests costs `base_s + per_token_s * scheduled tokens`
+(`pipeline.costs.SCHED_COST`: ~18 ms + 0.2 ms per token on this CPU). When every request of a
+worker runs at once, the worker needs as many passes as its longest request and each
+token costs per_token_s once, so its time is about
+
+    base_s * longest + per_token_s * tokens
+
+(with a concurrency cap C, at least tokens / C passes). Balancing that, rather than token
+counts, is what gets a step to its bound: the worker holding the longest request must
+carry little else, because every token beside it lengthens each of its passes. But a
+worker holding k requests will probably hold one as long as the (1 - 1/k) quantile of the
+response lengths whatever the predictions say (siblings vary; on the default workload
+every worker gets a response that hits max_tokens), so predicted lengths below that
+`floor` do not count as a worker's longest: there, balancing tokens is what matters.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from dataclasses import replace
+
+from pipeline.costs import SCHED_COST, CostModel
+
+
+# What `--spec` means to the simulator. The history+group numbers are placeholders until
+# `rhymectl bench spec` measures tau per batch size (issue 4): speculation in the thin tail
+# only, where a pass is nearly all fixed overhead.
+SPEC_COST_MODELS = {
+    "none": SCHED_COST,
+    "history+group": replace(SCHED_COST, tau=2.5, draft_tokens=4, spec_max_batch=32),
+}
+
+
+class LoadEstimate:
+    """Predicted outstanding seconds per worker; `best` is the worker to add work to.
+
+    Time of a worker = base_s * max(longest, floor, tokens / capacity) + per_token_s *
+    tokens, over the predicted lengths of the requests placed on it and not yet `done`.
+    """
+
+    def __init__(self, workers: int, cost: CostModel, capacity: int, floor: float = 0.0):
+        self.cost, self.capacity, self.floor = cost, capacity, floor
+        self.tokens = [0.0] * workers
+        self.lengths = [[] for _ in range(workers)]  # max-heaps (negated) of outstanding lengths
+        self.removed = [Counter() for _ in range(workers)]
+        self.unavailable: set[int] = set()
+        self.heap = [(self.time(w), w) for w in range(workers)]  # (time, worker); stale skipped
+
+    def longest(self, w: int) -> float:
+        heap, removed = self.lengths[w], self.removed[w]
+        while heap and removed[-heap[0]]:
+            removed[-heap[0]] -= 1
+            heapq.heappop(heap)
+        return -heap[0] if heap else 0.0
+
+    def time(self, w: int) -> float:
+        tokens = self.tokens[w]
+        passes = max(self.longest(w), self.floor, tokens / self.capacity)
+        return self.cost.base_s * passes + self.cost.per_token_s * tokens
+
+    def add(self, w: int, length: float, count: int = 1) -> None:
+        self.tokens[w] += length * count
+        heapq.heappush(self.lengths[w], -float(length))
+        for _ in range(count - 1):
+            heapq.heappush(self.lengths[w], -float(length))
+        self._push(w)
+
+    def done(self, w: int, length: float) -> None:
+        """One request of predicted `length` placed on `w` finished."""
+        self.tokens[w] = max(0.0, self.tokens[w] - length)
+        self.removed[w][float(length)] += 1
+        self._push(w)
+
+    def best(self) -> int | None:
+        """The available worker with the least predicted time (lowest index on ties)."""
+        heap = self.heap
+        while heap:
+            t, w = heap[0]
+            if w in self.unavailable or t != self.time(w):
+                heapq.heappop(heap)
+                continue
+            return w
+        return None
+
+    def set_available(self, w: int, available: bool) -> None:
+        if available:
+            if w in self.unavailable:
+                self.unavailable.discard(w)
+                self._push(w)
+        else:
+            self.unavailable.add(w)
+
+    def _push(self, w: int) -> None:
+        heapq.heappush(self.heap, (self.time(w), w))
+
+
+__all__ = ["LoadEstimate", "SPEC_COST_MODELS"]

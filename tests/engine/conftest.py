@@ -1,0 +1,30 @@
+"""The engine tier's model: a real tiny policy, built once per session (a short SFT, about
+a minute on an idle machine) under pytest's temp root.
+
+RHYMECTL_TEST_MODEL_CACHE=DIR builds it in DIR instead and reuses it across sessions:
+`init_model` returns at once when DIR already holds a model built with the same options.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from pipeline.policy.bootstrap import InitOptions, init_model
+
+TEST_SFT_STEPS = 300
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """A real tiny policy (tokenizer + Llama + short SFT) in Hugging-Face format."""
+    cache = os.environ.get("RHYMECTL_TEST_MODEL_CACHE")
+    root = Path(cache) if cache else tmp_path_factory.mktemp("models")
+    out = root / "tiny-sort"
+    options = InitOptions(task="sort", seed=0, eval_rows=32)
+    options = replace(options, sft=replace(options.sft, steps=TEST_SFT_STEPS), sft_rows=4000)
+    init_model(out, options)
+    return out

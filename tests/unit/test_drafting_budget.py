@@ -1,0 +1,185 @@
+"""Draft budget: per-request grow/shrink and the batch-aware marginal-benefit cap, against
+hand-computed cases (pure logic, microseconds)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.costs import CostModel
+from pipeline.drafting.budget import BudgetConfig, Candidate, DraftBudget
+
+UNIT = CostModel(base_s=1.0, per_token_s=1.0)  # a pass costs 1 + scheduled tokens
+
+
+def budget(**kw) -> DraftBudget:
+    return DraftBudget(BudgetConfig(**kw))
+
+
+# ---------------------------------------------------------------- per request
+
+def test_cap_doubles_on_full_acceptance_and_halves_on_rejection():
+    b = budget(start_len=2, min_len=1, max_len=16)
+    caps = [b.cap("r")]
+    for proposed, accepted in [(2, 2), (4, 4), (8, 8), (16, 16), (16, 3), (8, 0), (4, 1),
+                               (2, 0), (1, 0), (1, 1)]:
+        b.observe("r", proposed, accepted)
+        caps.append(b.cap("r"))
+    assert caps == [2, 4, 8, 16, 16, 8, 4, 2, 1, 1, 2]
+
+
+def test_no_draft_is_no_evidence_and_forget_resets():
+    b = budget()
+    b.observe("r", 0, 0)
+    assert b.cap("r") == 2 and b.acceptance("r") == pytest.approx(0.5)
+    b.observe("r", 2, 2)
+    b.forget("r")
+    assert b.cap("r") == 2
+
+
+def test_acceptance_estimate_is_shrunk_towards_all_requests():
+    b = budget(prior_accept=0.5, prior_weight=2.0, decay=1.0, global_decay=1.0)
+    b.observe("a", 4, 4)  # 4 accepted of 4 tried (no rejection seen)
+    # overall: (4 + 0.5*2) / (4 + 2) = 5/6; a: (4 + 5/6*2) / (4 + 2) = 17/18
+    assert b.overall_acceptance() == pytest.approx(5 / 6)
+    assert b.acceptance("a") == pytest.approx(17 / 18)
+    b.observe("b", 4, 1)  # 1 accepted, then a rejection: 2 tried, the rest untested
+    # overall: (5 + 1) / (6 + 2) = 0.75; b: (1 + 0.75*2) / (2 + 2) = 0.625
+    assert b.overall_acceptance() == pytest.approx(0.75)
+    assert b.acceptance("b") == pytest.approx(0.625)
+    assert b.acceptance("new") == pytest.approx(0.75)
+
+
+def test_config_checks_the_length_order():
+    with pytest.raises(ValueError, match="min_len <= start_len <= max_len"):
+        BudgetConfig(min_len=4, start_len=2)
+
+
+# ---------------------------------------------------------------- per pass
+
+def test_marginal_benefit_hand_computed_single_sequence():
+    # alpha 0.9, one sequence, pass = 1 + tokens. Start E=1, T=2.
+    # +0.9   : 0.9*2 = 1.8 > 1*1        -> E=1.9,   T=3
+    # +0.81  : 0.81*3 = 2.43 > 1.9      -> E=2.71,  T=4
+    # +0.729 : 0.729*4 = 2.916 > 2.71   -> E=3.439, T=5
+    # +0.6561: 0.6561*5 = 3.28 < 3.439  -> stop at 3
+    b = budget(prior_accept=0.9, max_len=16, start_len=16, cost=UNIT)
+    assert b.allocate([Candidate("r", 16)]) == [3]
+
+
+def test_marginal_benefit_stops_at_break_even():
+    b = budget(prior_accept=0.5, start_len=8, cost=UNIT)
+    assert b.allocate([Candidate("r", 8)]) == [0]  # 0.5 * 2 == 1: no gain, no draft
+
+
+def test_full_batch_gets_little_speculation_and_the_tail_much():
+    slow = CostModel(base_s=0.018, per_token_s=0.0002)  # 18 ms + 0.2 ms/token
+    cfg = dict(prior_accept=0.7, max_len=16, start_len=16, cost=slow)
+    b = budget(**cfg)
+    full = [Candidate(k, 16) for k in range(256)]
+    # E/T = 256 / 69.2 ms: a token pays only if alpha^j > 0.2 * 256 / 69.2 = 0.74
+    assert sum(b.allocate(full)) == 0
+    tail = [Candidate(k, 16) for k in range(4)]
+    assert budget(**cfg).allocate(tail) == [6, 6, 6, 6]
+    # One sequence (ms): E=1, T=18.2; token j pays while 0.7^j * T > 0.2 * E:
+    # j=1 12.74 > 0.20, ..., j=9 0.0404*19.8 = 0.80 > 0.64 (E=3.24), j=10 0.565 < 0.648
+    assert budget(**cfg).allocate([Candidate("x", 16)]) == [9]
+    assert _greedy_reference(0.7, 1, 16, slow) == 9
+
+
+def _greedy_reference(alpha: float, n: int, cap: int, cost: CostModel) -> int:
+    """The marginal-benefit rule for one sequence, written out directly."""
+    expected, seconds, k = float(n), cost.pass_seconds(n), 0
+    while k < cap:
+        gain = alpha ** (k + 1)
+        if (expected + gain) / (seconds + cost.per_token_s) <= expected / seconds:
+            break
+        expected, seconds, k = expected + gain, seconds + cost.per_token_s, k + 1
+    return k
+
+
+def test_tokens_go_to_the_requests_most_likely_to_accept():
+    b = budget(start_len=4, cost=UNIT, decay=1.0, prior_weight=0.001)
+    for _ in range(3):
+        b.observe("good", 4, 4)
+        b.observe("bad", 4, 0)
+    b._get("good").cap = b._get("bad").cap = 4
+    alloc = b.allocate([Candidate("bad", 4), Candidate("good", 4)], batch_size=2)
+    assert alloc[0] == 0 and alloc[1] > 0
+
+
+def test_allocation_respects_cap_and_available_tokens():
+    b = budget(prior_accept=0.99, start_len=2, cost=CostModel(1.0, 0.001))
+    assert b.allocate([Candidate("a", 8), Candidate("b", 1), Candidate("c", 0)]) == [2, 1, 0]
+
+
+def test_short_requests_get_no_drafts():
+    b = budget(prior_accept=0.99, start_len=4, short_request_tokens=64, cost=CostModel(1.0, 0.001))
+    cands = [Candidate("short", 4, predicted_len=20), Candidate("long", 4, predicted_len=400),
+             Candidate("unknown", 4)]
+    assert b.allocate(cands) == [0, 4, 4]
+
+
+def test_batch_unaware_mode_returns_the_caps():
+    b = budget(prior_accept=0.1, start_len=4, batch_aware=False)
+    assert b.allocate([Candidate(k, 8) for k in range(300)]) == [4] * 300
+
+
+# ---------------------------------------------------------------- from the config tree
+
+def test_spec_config_maps_to_drafter_and_budget():
+    from pipeline.config.schema import SpecConfig
+    from pipeline.drafting.build import budget_config, drafter_config
+
+    spec = SpecConfig(method="history+group", num_speculative_tokens=1, min_path_prob=0.3,
+                      reward_weighted=True, max_cached_prompts=7)
+    d = drafter_config(spec)
+    assert (d.use_history, d.use_siblings, d.min_path_prob, d.reward_weighted,
+            d.max_cached_prompts) == (True, True, 0.3, True, 7)
+    b = budget_config(spec)
+    assert (b.max_len, b.start_len, b.min_len) == (1, 1, 1)
+    with pytest.raises(ValueError, match="expected one of"):
+        drafter_config(SpecConfig(method="ngram"))
+
+
+# ---------------------------------------------------------------- fast path
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fast_allocation_equals_the_reference(seed):
+    """`allocate_ids` skips requests whose first token cannot pay; it must grant exactly
+    what the plain one-heap computation grants, in full batches and in the tail."""
+    import random
+
+    rng = random.Random(seed)
+    for trial in range(150):
+        cost = CostModel(rng.choice([0.001, 0.006, 0.018]), rng.choice([0.0001, 0.0002, 0.001]))
+        b = budget(start_len=rng.choice([1, 2, 4]), max_len=8, cost=cost,
+                   prior_accept=rng.choice([0.3, 0.5, 0.8, 0.95]),
+                   prior_weight=rng.choice([0.5, 2.0]))
+        n = rng.choice([1, 3, 12, 40, 256])
+        ids = [f"r{i}" for i in range(n)]
+        for r in rng.sample(ids, rng.randint(0, n)):  # some requests have evidence
+            for _ in range(rng.randint(1, 4)):
+                k = rng.randint(1, 8)
+                b.observe(r, k, rng.choice([k, rng.randint(0, k)]))
+        available = [rng.choice([0, 1, 8, 8, 8]) for _ in ids]
+        batch = n + rng.choice([0, 0, 5])
+        fast = b.allocate_ids(ids, available, batch_size=batch)
+        assert fast == b.allocate_reference(ids, available, batch_size=batch), trial
+
+
+def test_fast_allocation_without_batch_awareness_returns_the_caps():
+    b = budget(start_len=2, batch_aware=False)
+    b.observe("a", 2, 2)  # cap 4
+    assert b.allocate_ids(["a", "b", "c"], [8, 8, 1]) == [4, 2, 1]
+    assert b.allocate_ids([], []) == []
+
+
+def test_a_run_of_rejections_never_shuts_speculation_off_for_good():
+    """After many rejected drafts (say, a step of prompts without history) a new request
+    still gets a draft where one would pay at the exploration floor, so acceptance can be
+    measured again when drafts improve."""
+    b = budget(prior_accept=0.7, max_len=8, start_len=4)
+    for i in range(2000):
+        b.observe(f"old{i}", 4, 0)
+    assert b.overall_acceptance() == pytest.approx(0.3)
+    assert sum(b.allocate([Candidate(k, 4) for k in range(8)])) > 0

@@ -1,0 +1,388 @@
+"""The drafter (history + live siblings + self, per-prompt and global trees): pure logic on
+arctic-inference's C++ suffix tree, milliseconds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.history.store import RolloutRecord, prompt_hash
+from pipeline.drafting.drafter import GroupDrafter
+from pipeline.drafting.inputs import DrafterConfig, HistoryResponse, history_from_records
+from pipeline.drafting.suffix_tree import SuffixTree
+
+P = [90, 91, 92, 93]  # a prompt
+Q = [80, 81, 82, 83]  # another prompt
+R = [70, 71, 72, 73]
+
+
+def drafter(**kw) -> GroupDrafter:
+    kw.setdefault("max_spec_factor", 8.0)  # let short matches draft far in these small cases
+    return GroupDrafter(DrafterConfig(**kw))
+
+
+def hist(*responses, rewards=None):
+    rewards = rewards or [None] * len(responses)
+    return [HistoryResponse(list(r), w) for r, w in zip(responses, rewards)]
+
+
+# ---------------------------------------------------------------- suffix tree wrapper
+
+def test_suffix_tree_wrapper_counts_and_cut():
+    t = SuffixTree(8)
+    t.extend(1, [1, 2, 3, 4])
+    t.extend(2, [1, 2, 3, 5])
+    t.extend(3, [1, 2, 3, 5])
+    d = t.speculate([9, 1, 2], 8, 0.1, max_spec_factor=8.0)
+    assert d.token_ids == [3, 5] and d.probs == pytest.approx([1.0, 2 / 3])
+    assert d.score == pytest.approx(5 / 3) and d.match_len == 2
+    assert t.speculate([9, 1, 2], 8, 0.7, max_spec_factor=8.0).token_ids == [3]
+    t.remove(2)
+    t.remove(3)
+    t.remove(42)  # unknown ids are ignored
+    assert t.speculate([9, 1, 2], 8, 0.1, max_spec_factor=8.0).token_ids == [3, 4]
+    assert t.num_seqs == 1 and t.num_tokens == 4 and t.memory_bytes() > 0
+
+
+# ---------------------------------------------------------------- history
+
+def test_prompt_with_history_drafts_its_earlier_continuation():
+    d = drafter(use_siblings=False, use_global=False)
+    d.set_history(prompt_hash(P), hist([1, 2, 3, 4, 5, 6, 7, 8]))
+    d.start("r0", P, [1])  # prefill sampled token 1
+    draft = d.draft("r0", 5)
+    assert draft.token_ids == [2, 3, 4, 5, 6] and draft.probs == pytest.approx([1.0] * 5)
+    d.append("r0", [2, 3, 4])
+    assert d.draft("r0", 16).token_ids == [5, 6, 7, 8]
+
+
+def test_first_response_token_is_drafted_from_the_prompt_tail():
+    d = drafter(use_siblings=False, use_global=False)
+    d.set_history(prompt_hash(P), hist([1, 2, 3]))
+    d.start("r0", P + [5, 6], [])  # another prompt: the history belongs to P only
+    assert d.draft("r0", 4).token_ids == []
+    d.start("r1", P, [])
+    assert d.draft("r1", 4).token_ids == [1, 2, 3]
+
+
+def test_history_is_keyed_by_prompt_and_replaced_not_appended():
+    d = drafter(use_siblings=False, use_global=False)
+    d.set_history(prompt_hash(P), hist([1, 2, 3, 4]))
+    d.set_history(prompt_hash(Q), hist([1, 2, 7, 7]))
+    d.start("p", P, [1])
+    d.start("q", Q, [1])
+    assert d.draft("p", 8).token_ids == [2, 3, 4]
+    assert d.draft("q", 8).token_ids == [2, 7, 7]
+    d.set_history(prompt_hash(P), hist([1, 2, 9, 9]))  # refreshed after a step
+    assert d.draft("p", 8).token_ids == [2, 9, 9]
+    assert d.history_of(prompt_hash(P)) == [[1, 2, 9, 9]]
+
+
+def test_history_refresh_keeps_unchanged_responses_in_the_tree():
+    d = drafter(use_siblings=False)
+    d.set_history(prompt_hash(P), hist([1, 2, 3, 4], [1, 2, 3, 5]))
+    d.start("r", P, [1, 2])
+    assert d.draft("r", 8).probs == pytest.approx([1.0, 0.5])
+    before = d.stats().tree_bytes
+    d.set_history(prompt_hash(P), hist([1, 2, 3, 5], [1, 2, 3, 5], [1, 2, 3, 4]))
+    draft = d.draft("r", 8)
+    assert draft.token_ids == [3, 5] and draft.probs == pytest.approx([1.0, 2 / 3])
+    assert d.history_of(prompt_hash(P)) == [[1, 2, 3, 5], [1, 2, 3, 5], [1, 2, 3, 4]]
+    d.set_history(prompt_hash(P), hist([1, 2, 3, 4]))
+    assert d.draft("r", 8).probs == pytest.approx([1.0, 1.0])
+    assert d.stats().tree_bytes <= before
+
+
+def test_history_from_store_records():
+    recs = [RolloutRecord("p0", prompt_hash(P), 0, 0, 0, k, [1, 2, k], 3, "stop", float(k), 0.1)
+            for k in range(2)]
+    by_key = history_from_records(recs)
+    assert list(by_key) == [prompt_hash(P)]
+    assert [(h.token_ids, h.reward) for h in by_key[prompt_hash(P)]] == [([1, 2, 0], 0.0),
+                                                                        ([1, 2, 1], 1.0)]
+
+
+# ---------------------------------------------------------------- siblings
+
+def test_sibling_tokens_are_drafted_and_dropped_when_the_group_ends():
+    d = drafter(use_history=False, use_global=False)
+    d.start("a", P, [1])
+    d.append("a", [2, 3, 4, 5])
+    d.start("b", P, [1])
+    assert d.draft("b", 8).token_ids == [2, 3, 4, 5]
+    d.append("a", [6])
+    d.finish("a")  # finished: stays in the tree while its group runs
+    assert d.draft("b", 8).token_ids == [2, 3, 4, 5, 6]
+    d.finish("b")  # group over: live responses dropped
+    d.start("c", P, [1])
+    assert d.draft("c", 8).token_ids == []
+
+
+def test_announced_group_keeps_finished_siblings_until_all_finished():
+    d = drafter(use_history=False, use_global=False)
+    d.expect_group(P, 3)
+    d.start("a", P, [1, 2, 3, 4])
+    d.finish("a")  # no sibling running, but the group has 3 members
+    d.start("b", P, [1])
+    assert d.draft("b", 8).token_ids == [2, 3, 4]
+    d.finish("b")
+    d.start("c", P, [1])
+    assert d.draft("c", 8).token_ids == [2, 3, 4]
+    d.finish("c")
+    d.start("d", P, [1])  # the group of three is over
+    assert d.draft("d", 8).token_ids == []
+
+
+def test_siblings_of_other_prompts_are_not_in_the_prompt_tree():
+    d = drafter(use_history=False, use_global=False)
+    d.start("a", P, [1, 2, 3, 4])
+    d.append("a", [5])
+    d.start("q", Q, [1])
+    assert d.draft("q", 8).token_ids == []
+
+
+def test_preempted_request_resumes_with_its_output():
+    d = drafter(use_history=False, use_global=False)
+    d.start("a", P, [1, 2, 3])
+    d.start("b", P, [1])
+    d.finish("a")  # preempted
+    d.start("a", P, [1, 2, 3, 4])  # resumed with its output so far
+    d.append("a", [5])
+    # b's own sequence ends at the context (1 count of 2); were a's pre-preemption
+    # sequence still there, it would add a branch ending after 3: [2/3, 2/3, 1/3, 1/3]
+    draft = d.draft("b", 8)
+    assert draft.token_ids == [2, 3, 4, 5] and draft.probs == pytest.approx([0.5] * 4)
+    with pytest.raises(ValueError, match="already running"):
+        d.start("a", P, [])
+
+
+# ---------------------------------------------------------------- self drafting
+
+@pytest.mark.parametrize("method", ["history", "group", "history+group"])
+def test_self_drafting_with_empty_history(method):
+    d = GroupDrafter(DrafterConfig.for_method(method, max_spec_factor=8.0))
+    d.start("r", P, [5, 6, 7, 8, 5, 6])  # the output repeats itself
+    d.append("r", [7])
+    assert d.draft("r", 8).token_ids[:2] == [8, 5]
+    d.start("s", [4, 1, 2, 3, 4, 1], [2])  # copying from the prompt
+    assert d.draft("s", 2).token_ids == [3, 4]
+
+
+def test_own_newest_tokens_do_not_dilute_the_own_tree():
+    # The context always ends where the request's own sequence ends; holding the newest
+    # tokens back keeps that end from counting as a continuation-less branch.
+    d = drafter(use_siblings=False, use_global=False)
+    d.start("r", P, [1, 2, 3, 1, 2, 3, 1])
+    d.append("r", [2])
+    draft = d.draft("r", 8)
+    assert draft.token_ids[:2] == [3, 1] and draft.probs[:2] == pytest.approx([1.0, 1.0])
+
+
+def test_a_sibling_one_pass_ahead_is_visible_at_once():
+    d = drafter(use_history=False, use_global=False)
+    d.start("a", P, [1])
+    d.start("b", P, [])
+    assert d.draft("b", 4).token_ids == [1]
+    d.append("a", [2])
+    d.append("b", [1])
+    draft = d.draft("b", 4)  # b's own sequence ends here too: one count without continuation
+    assert draft.token_ids == [2] and draft.probs == pytest.approx([0.5])
+
+
+def test_for_method_rejects_unknown_names():
+    with pytest.raises(ValueError, match="expected one of"):
+        DrafterConfig.for_method("ngram")
+
+
+# ---------------------------------------------------------------- global vs local
+
+def test_global_tree_drafts_a_format_shared_across_prompts():
+    d = drafter(use_siblings=False)
+    for k, prompt in enumerate([Q, R]):
+        d.set_history(prompt_hash(prompt), hist([10 + k, 40, 41, 42, 43, 44]))
+    d.start("p", P, [12, 40])  # P has no history: only the global tree knows "40 41 ..."
+    draft = d.draft("p", 8)
+    assert draft.token_ids == [41, 42, 43, 44]
+    assert d.stats().wins["global"] == 1
+
+
+def test_better_scoring_local_draft_beats_the_global_one():
+    d = drafter(use_siblings=False)
+    d.set_history(prompt_hash(Q), hist([40, 41, 50], [40, 41, 51], [40, 41, 52]))
+    d.set_history(prompt_hash(P), hist([40, 41, 60, 61]))
+    d.start("p", P, [40])
+    assert d.draft("p", 8).token_ids == [41, 60, 61]
+    d.start("q", Q, [40])  # Q's own tree is as good as the global one: ties go local
+    assert d.draft("q", 1).token_ids == [41]
+    wins = d.stats().wins
+    assert wins["prompt"] == 2 and wins["global"] == 0
+
+
+def test_global_history_is_fifo_capped():
+    d = drafter(use_siblings=False, max_global_responses=2)
+    for k, prompt in enumerate([Q, R, [60, 61]]):
+        d.set_history(prompt_hash(prompt), hist([k, 30 + k, 31 + k, 32 + k]))
+    d.start("p", P, [0, 30])  # Q's response was pushed out of the global tree
+    assert d.draft("p", 8).token_ids == []
+    d.start("p2", P + [1], [1, 31])
+    assert d.draft("p2", 8).token_ids == [32, 33]
+
+
+# ---------------------------------------------------------------- path probability
+
+def test_draft_is_cut_where_the_path_probability_falls_below_the_threshold():
+    responses = hist([1, 2, 3, 4, 5], [1, 2, 3, 4, 6], [1, 2, 3, 7, 7], [1, 2, 3, 8, 8])
+    for min_prob, want in [(0.6, [2, 3]), (0.5, [2, 3, 4]), (0.25, [2, 3, 4, 5])]:
+        d = drafter(use_siblings=False, use_global=False, min_path_prob=min_prob)
+        d.set_history(prompt_hash(P), responses)
+        d.start("r", P, [1])
+        draft = d.draft("r", 8)
+        assert draft.token_ids == want, min_prob
+        assert draft.probs == pytest.approx([1.0, 1.0, 0.5, 0.25][: len(want)])
+
+
+def test_max_tokens_caps_the_draft():
+    d = drafter(use_siblings=False, use_global=False)
+    d.set_history(prompt_hash(P), hist(list(range(1, 20))))
+    d.start("r", P, [1])
+    assert d.draft("r", 3).token_ids == [2, 3, 4]
+    assert d.draft("r", 0).token_ids == [] and d.draft("unknown", 4).token_ids == []
+
+
+# ---------------------------------------------------------------- reward weighting
+
+def test_reward_weighting_prefers_the_branch_of_the_better_response():
+    responses = hist([1, 2, 3, 4, 50], [1, 2, 3, 4, 60], rewards=[0.0, 1.0])
+    plain = drafter(use_siblings=False, use_global=False, min_path_prob=0.1)
+    plain.set_history(prompt_hash(P), responses)
+    plain.start("r", P, [1, 2, 3])
+    assert plain.draft("r", 8).probs == pytest.approx([1.0, 0.5])
+    weighted = drafter(use_siblings=False, use_global=False, reward_weighted=True,
+                       reward_copies=2)
+    weighted.set_history(prompt_hash(P), responses)
+    weighted.start("r", P, [1, 2, 3])
+    draft = weighted.draft("r", 8)  # the rewarded response counts 3 times, the other once
+    assert draft.token_ids == [4, 60] and draft.probs == pytest.approx([1.0, 0.75])
+    assert weighted.stats().history_responses == 2  # copies live in the tree only
+
+
+def test_reward_weighting_without_rewards_or_spread_counts_each_once():
+    d = drafter(use_siblings=False, use_global=False, reward_weighted=True)
+    d.set_history(prompt_hash(P), hist([1, 2, 50], [1, 2, 60], rewards=[1.0, 1.0]))
+    d.start("r", P, [1])
+    assert d.draft("r", 8).probs == pytest.approx([1.0, 0.5])
+
+
+# ---------------------------------------------------------------- memory bound
+
+def test_trees_of_idle_prompts_are_evicted_lru_and_rebuilt_on_return():
+    d = drafter(use_siblings=False, use_global=False, max_cached_prompts=2)
+    prompts = [[1, k] for k in range(4)]
+    for k, prompt in enumerate(prompts):
+        d.set_history(prompt_hash(prompt), hist([5, 6, 7, 8 + k]))
+    d.start("idle", prompts[3], [5])  # started but never drafted: no tree is built
+    d.finish("idle")
+    for k, prompt in enumerate(prompts[:3]):
+        d.start(k, prompt, [5])
+        assert d.draft(k, 8).token_ids == [6, 7, 8 + k]
+        d.finish(k)
+    assert d.cached_prompts() == [prompt_hash(prompts[1]), prompt_hash(prompts[2])]
+    assert d.stats().trees == 2
+    d.start("back", prompts[0], [5])  # evicted, rebuilt from its compact history
+    assert d.draft("back", 8).token_ids == [6, 7, 8]
+    assert d.cached_prompts() == [prompt_hash(prompts[2]), prompt_hash(prompts[0])]
+
+
+def test_prompts_with_running_requests_are_never_evicted():
+    d = drafter(use_siblings=False, use_global=False, max_cached_prompts=1)
+    for k in range(3):
+        d.set_history(prompt_hash([1, k]), hist([5, 6, 7 + k]))
+        d.start(k, [1, k], [5])
+    assert [d.draft(k, 8).token_ids for k in range(3)] == [[6, 7], [6, 8], [6, 9]]
+    assert d.stats().trees == 3  # over the cap while all three run
+    d.end_step()
+    assert d.stats().trees == 1 and d.stats().live_requests == 0
+
+
+def test_stats_report_history_and_memory():
+    d = drafter()
+    d.set_history(prompt_hash(P), hist([1, 2, 3], [1, 2]))
+    d.start("r", P, [1])
+    s = d.stats()
+    assert (s.prompts, s.history_responses, s.history_tokens, s.live_requests) == (1, 2, 5, 1)
+    assert s.tree_bytes > 0
+
+
+def test_history_from_read_only_arrays():
+    """The history index hands out read-only views of Arrow buffers; the C++ tree must
+    still accept them (nanobind refuses read-only arrays unless they are copied)."""
+    import numpy as np
+
+    ids = np.arange(5, 25, dtype=np.int32)
+    ids.flags.writeable = False
+    d = GroupDrafter(DrafterConfig.for_method("history"))
+    d.set_history(prompt_hash([1, 2, 3]), [HistoryResponse(ids)])
+    d.start("r", [1, 2, 3], [5, 6, 7])
+    assert d.draft("r", 4).token_ids == [8, 9, 10, 11]
+
+
+# ---------------------------------------------------------------- live-token window
+
+@pytest.mark.parametrize("method", ["history", "group", "history+group"])
+def test_long_requests_draft_the_same_after_the_window_is_cut(method, monkeypatch):
+    """Each request keeps only the tokens some tree has yet to receive (plus the context);
+    cutting that window must not change a draft."""
+    import random
+
+    import pipeline.drafting.live as live
+
+    def run() -> tuple[list[list[int]], int]:
+        rng = random.Random(7)
+        d = GroupDrafter(DrafterConfig.for_method(method, max_depth=8, max_spec_factor=4.0))
+        motif = [rng.randrange(1, 9) for _ in range(40)]
+        d.set_history(prompt_hash(P), hist(motif * 3))
+        for r in ("a", "b"):
+            d.start(r, P, [motif[0]])
+        out = []
+        for t in range(300):
+            for r in ("a", "b"):
+                tok = motif[(t + 1) % 40] if rng.random() > 0.1 else rng.randrange(1, 9)
+                d.append_many([r], [[tok]] if t % 2 else [np.asarray([tok])])
+                if t % 7 == 0 or t > 280:
+                    out.append(d.draft(r, 6).token_ids)
+        return out, d._live.running["a"].base
+
+    cut, base = run()
+    assert base > 0 and any(cut)  # the window was cut, and there were drafts
+    monkeypatch.setattr(live, "TRIM_SLACK", 10**9)  # never cut
+    assert run() == (cut, 0)
+
+
+def test_append_many_is_append_per_request():
+    d1, d2 = drafter(), drafter()
+    for d in (d1, d2):
+        d.start("a", P, [1])
+        d.start("b", P, [1])
+    d1.append_many(["a", "b"], [[2, 3], np.asarray([2], dtype=np.int64)])
+    d2.append("a", [2, 3])
+    d2.append("b", (2,))
+    d1.append_many(["b"], [[]])  # nothing emitted: nothing changes
+    assert d1.draft("b", 4) == d2.draft("b", 4)
+    assert d1.draft("b", 4).token_ids == [3]
+
+
+def test_live_set_groups_and_global_queue():
+    from pipeline.drafting.live import LiveSet
+
+    live = LiveSet(max_depth=4, siblings=True, to_global=True)
+    live.expect("p", 2)
+    a, _ = live.start("a", "p", [1, 2, 3, 4, 5, 6], [7])
+    assert (a.local_pos, a.global_pos, a.end, a.context()) == (2, 6, 7, [3, 4, 5, 6, 7])
+    b, _ = live.start("b", "p", [1, 2, 3, 4, 5, 6], [])
+    live.append_many(["b", "a"], [[8], [9]])
+    assert live.take_unsent() == [a, b] and live.take_unsent() == []  # first waiting first
+    assert live.finish("a") == []  # b still runs
+    b2, replaced = live.start("a", "p", [1, 2, 3, 4, 5, 6], [7, 9])  # resumed
+    assert replaced == [a] and live.members("p") == [b, b2]
+    assert live.finish("b") == [] and live.finish("a") == [b, b2]  # the group ends
+    assert live.members("p") == [] and live.running == {}
