@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; else sized from host RAM minus RSS
