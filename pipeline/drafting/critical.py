@@ -52,11 +52,13 @@ from pipeline.drafting.calibration import Calibrator
 
 @dataclass(frozen=True)
 class CriticalConfig:
-    """max_len: most draft tokens per request and pass; tau_decay: weight of a request's
+    """max_len: most draft tokens per request and pass; first_prior: the first draft
+    token's acceptance assumed before any was verified (stage 1); tau_decay: weight of a request's
     older passes in its tokens-per-pass estimate; min_spread: floor of the prediction
     spread beta, in passes (below it ranks are treated as certain)."""
 
     max_len: int = 32
+    first_prior: float = 0.5  # first-token acceptance assumed before any evidence
     tau_prior: float = 1.0
     tau_decay: float = 0.7
     min_spread: float = 1.0
@@ -101,6 +103,10 @@ class CriticalBudget:
         self.calibrator = calibrator or Calibrator()
         self._tau: dict[Hashable, float] = {}
         self._tau_all = config.tau_prior + 1.0  # prior: one accepted draft token per pass
+        # first-token acceptance per request (EMA) and over all requests: stage 1's
+        # estimate of whether a request's draft can pay before drafting it
+        self._first: dict[Hashable, float] = {}
+        self._first_all = config.first_prior
         self._values: list[float] = []  # v_i of the last `ask`, per candidate
         self._rows = 0
 
@@ -119,9 +125,13 @@ class CriticalBudget:
         emitted = 1.0 + max(0, min(accepted, len(qs)))
         self._tau[req_id] = d * self._tau.get(req_id, self._tau_all) + (1 - d) * emitted
         self._tau_all = 0.99 * self._tau_all + 0.01 * emitted
+        hit = 1.0 if accepted > 0 else 0.0
+        self._first[req_id] = d * self._first.get(req_id, self._first_all) + (1 - d) * hit
+        self._first_all = 0.99 * self._first_all + 0.01 * hit
 
     def forget(self, req_id: Hashable) -> None:
         self._tau.pop(req_id, None)
+        self._first.pop(req_id, None)
 
     def tau(self, req_id: Hashable) -> float:
         return self._tau.get(req_id, self._tau_all)
@@ -154,10 +164,17 @@ class CriticalBudget:
             return [max(k, 0) for k in limits]
         self._values = v = self.values(req_ids, remaining).tolist()
         m = self.cost.marginal(rows)
+        # a first token pays iff a * (m + v) > m, a its acceptance estimate: the request's
+        # own first-token rate (measured: the best calibrated bucket alone lets almost
+        # every request of a full batch through, and drafting them all costs more than
+        # the pass), never above the best calibrated bucket
         best = self.calibrator.best()
-        # best * (m + v) > m  <=>  v > m * (1 - best) / best
-        bar = m * (1.0 - best) / best if best > 0 else math.inf
-        return [k if k > 0 and vi > bar else 0 for k, vi in zip(limits, v)]
+        get, prior = self._first.get, self._first_all
+        out = []
+        for r, k, vi in zip(req_ids, limits, v):
+            a = min(get(r, prior), best)
+            out.append(k if k > 0 and a * (m + vi) > m else 0)
+        return out
 
     def grant(self, cum_accept: Sequence[Sequence[float]]) -> list[int]:
         """Stage 2: draft tokens granted per candidate of the last `ask`, given each

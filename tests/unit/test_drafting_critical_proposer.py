@@ -69,7 +69,7 @@ def test_a_measured_flat_cost_drafts_and_a_steep_one_trims_in_a_full_batch():
         cost = PassCost(refit_every=1)
         for x in (1, 8, 64, 512):
             cost.observe(x, seconds(x))
-        budget = CriticalBudget(CriticalConfig(max_len=8), cost)
+        budget = CriticalBudget(CriticalConfig(max_len=8, first_prior=0.9), cost)
         proposer, batch, _ = make(budget, history=history)
         for i in range(8):
             batch.add(f"r{i}", P)
@@ -80,3 +80,21 @@ def test_a_measured_flat_cost_drafts_and_a_steep_one_trims_in_a_full_batch():
         # one token each.
         assert [len(d) for d in out] == [want] * 8
         assert out[0][:2] == [2, 3][:want]
+
+
+def test_requests_whose_first_tokens_are_rarely_accepted_are_not_drafted():
+    # the steep case above with a first-token rate of 0.5: 0.5 * (0.1 + 0.056) < 0.1 ms,
+    # so stage 1 asks the drafter for nothing; after accepted drafts the rate rises
+    cost = PassCost(refit_every=1)
+    for x in (1, 8, 64, 512):
+        cost.observe(x, 1e-4 * x)
+    budget = CriticalBudget(CriticalConfig(max_len=8, first_prior=0.5), cost)
+    proposer, batch, _ = make(budget, history=[RESPONSE] * 4)
+    for i in range(8):
+        batch.add(f"r{i}", P)
+    assert step(proposer, batch, {f"r{i}": [1] for i in range(8)}) == [[]] * 8
+    assert proposer.drafter.stats().drafts == 0
+    for _ in range(3):
+        budget.observe("r0", [1.0], 1)  # r0's first tokens were accepted: 0.5 -> 0.83
+    out = step(proposer, batch, {f"r{i}": [2] for i in range(8)})
+    assert len(out[0]) > 0 and out[1:] == [[]] * 7
