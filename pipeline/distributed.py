@@ -62,11 +62,6 @@ def barrier() -> None:
         dist.barrier()
 
 
-def shutdown() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 class CoordinationStore:
     """A key-value store that every rank reads and writes without collectives: a
     torch.distributed `TCPStore` hosted by rank 0 on a free port, which the ranks learn over

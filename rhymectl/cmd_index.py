@@ -94,10 +94,12 @@ def _from_config(run_dir: Path, model: Path | None, epochs: int | None, *,
                  need_epochs: bool) -> tuple[Path | None, int | None]:
     """--model / --epochs, else model.path / spec.history_epochs of RUN_DIR/config.yaml.
 
-    Reads only those two keys (yaml.safe_load), so a partial config.yaml is enough. For
-    stats (need_epochs False) a missing config.yaml means: do not verify the fingerprint.
+    The file is read and validated by the config loader; the two keys must be written in
+    it (a default is not the run's model). For stats (need_epochs False) a missing
+    config.yaml means: do not verify the fingerprint.
     """
-    import yaml
+    from pipeline.config import load_config
+    from pipeline.config.load import read_yaml
 
     if not run_dir.is_dir():
         raise UsageError(f"{run_dir} is not a directory; pass a run directory written by "
@@ -110,24 +112,19 @@ def _from_config(run_dir: Path, model: Path | None, epochs: int | None, *,
             return None, None
         raise UsageError(f"{run_dir} is not a run directory (no config.yaml); pass one written "
                          f"by `rhymectl train`, or give --model DIR and --epochs K")
-    try:
-        tree = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise UsageError(f"{path} is unreadable ({reason}); pass --model DIR and --epochs K") from None
-    tree = tree if isinstance(tree, dict) else {}
+    tree = read_yaml(path)  # one-line UsageErrors for unreadable or non-mapping files
+    cfg = load_config(path)  # every invalid key or value at once
+    written = {section: set(tree[section]) if isinstance(tree.get(section), dict) else set()
+               for section in ("model", "spec")}
     if model is None:
-        path_value = (tree.get("model") or {}).get("path") if isinstance(tree.get("model"), dict) else None
-        if isinstance(path_value, str) and path_value:
-            model = Path(path_value)
+        if "path" in written["model"]:
+            model = Path(cfg.model.path)
         elif need_epochs:
             raise UsageError(f"{path} has no model.path; pass --model DIR")
     if epochs is None and need_epochs:
-        spec = tree.get("spec") if isinstance(tree.get("spec"), dict) else {}
-        epochs = spec.get("history_epochs")
-        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-            raise UsageError(f"{path} has no spec.history_epochs >= 1 (got {epochs!r}); pass "
-                             f"--epochs K")
+        if "history_epochs" not in written["spec"]:
+            raise UsageError(f"{path} has no spec.history_epochs; pass --epochs K")
+        epochs = cfg.spec.history_epochs
     return model, epochs
 
 

@@ -61,8 +61,7 @@ def main(argv: list[str]) -> None:
     prompts = [tok(text[g.prompt_id])["input_ids"] for g in groups]
     latest = checkpoint.latest(run_dir / "checkpoints")
     model = replace(cfg.model, path=str(latest / "policy")) if latest else cfg.model
-    engine = RolloutEngine(model, cfg.rollout, cfg.data.max_prompt_length + cfg.rollout.max_tokens,
-                           cfg.run.seed, cfg.spec)
+    engine = RolloutEngine.from_config(cfg, model=model)
     if engine.drafting is not None:  # drafts from the run's history, as training would
 
         loaded = index.load(run_dir, cfg.model.path, cfg.spec.history_epochs)

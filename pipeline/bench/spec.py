@@ -152,9 +152,7 @@ def run_method(plan: Plan, method: str, work: list[EpochWork], advance,
 
     cfg = plan.cfg
     dist.init()  # one 1-rank group for every engine (vLLM would otherwise make its own)
-    engine = RolloutEngine(cfg.model, cfg.rollout,
-                           cfg.data.max_prompt_length + cfg.rollout.max_tokens, cfg.run.seed,
-                           replace(cfg.spec, method=method))
+    engine = RolloutEngine.from_config(cfg, spec=replace(cfg.spec, method=method))
     result = MethodResult(method)
     try:
         if warmup:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Method:
     name: str
+    vllm_method: str | None = None  # vLLM's own proposer that serves it (speculative_config)
     history: bool = False  # drafts from the prompt's responses in earlier epochs
     siblings: bool = False  # drafts from the live responses of the prompt's group
 
@@ -26,8 +27,8 @@ class Method:
 
 REGISTRY: dict[str, Method] = {m.name: m for m in (
     Method("none"),
-    Method("ngram"),
-    Method("suffix"),
+    Method("ngram", vllm_method="ngram"),
+    Method("suffix", vllm_method="suffix"),
     Method("history", history=True),
     Method("group", siblings=True),
     Method("history+group", history=True, siblings=True),

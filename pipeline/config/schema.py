@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
+from pipeline.config.methods import METHODS
+
 def _check(rule: str, fn) -> dict:
     """Metadata for a field: `fn(value) -> bool` must hold; `rule` says what is allowed."""
     return {"check": (rule, fn)}
@@ -78,7 +80,7 @@ class RolloutConfig:
 class SpecConfig:
     """Speculative decoding (drafts verified losslessly by vLLM's rejection sampler)."""
 
-    method: Literal["none", "ngram", "suffix", "history", "group", "history+group"] = "none"
+    method: Literal[METHODS] = "none"  # the registry in pipeline.config.methods
     num_speculative_tokens: int = positive(8)  # per-request draft length cap
     history_epochs: int = positive(2)  # K: epochs of history per prompt tree
     min_path_prob: float = fraction(0.1)  # cut drafts where the path probability falls below

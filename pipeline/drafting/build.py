@@ -8,8 +8,6 @@ from pipeline.drafting.budget import BudgetConfig, DraftBudget
 from pipeline.drafting.critical import CriticalBudget, CriticalConfig
 from pipeline.drafting.inputs import DrafterConfig
 
-DRAFTER_METHODS = ("history", "group", "history+group")  # served by GroupDrafter
-
 
 def drafter_config(spec: SpecConfig) -> DrafterConfig:
     """Raises ValueError for methods GroupDrafter does not serve (none, ngram, suffix)."""
@@ -32,4 +30,4 @@ def make_budget(spec: SpecConfig) -> DraftBudget | CriticalBudget:
     return DraftBudget(budget_config(spec))
 
 
-__all__ = ["DRAFTER_METHODS", "budget_config", "drafter_config", "make_budget"]
+__all__ = ["budget_config", "drafter_config", "make_budget"]

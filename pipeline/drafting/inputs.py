@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from pipeline.config.methods import DRAFTER_METHODS, REGISTRY
+
 
 @dataclass(frozen=True)
 class DrafterConfig:
@@ -40,14 +42,12 @@ class DrafterConfig:
 
     @classmethod
     def for_method(cls, method: str, **kwargs) -> "DrafterConfig":
-        """`history`, `group` or `history+group` (the `spec.method` names)."""
-        sources = {"history": (True, False), "group": (False, True),
-                   "history+group": (True, True)}
-        if method not in sources:
+        """`history`, `group` or `history+group` (the registry's drafter methods)."""
+        m = REGISTRY.get(method)
+        if m is None or not m.drafter:
             raise ValueError(f"no drafter for spec.method {method!r}; "
-                             f"expected one of {sorted(sources)}")
-        use_history, use_siblings = sources[method]
-        return cls(use_history=use_history, use_siblings=use_siblings, **kwargs)
+                             f"expected one of {sorted(DRAFTER_METHODS)}")
+        return cls(use_history=m.history, use_siblings=m.siblings, **kwargs)
 
 
 

@@ -23,11 +23,21 @@ older tokens are dropped in chunks as the trees catch up.
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Hashable, Sequence
 
 import numpy as np
 
 TRIM_SLACK = 256  # tokens a request may keep beyond what it needs before they are cut
+
+
+class LiveState(Enum):
+    """RUNNING: in the engine, generating (in `LiveSet.running`); FINISHED: stopped, kept
+    while its group still runs (its tokens still draft for the stragglers). A request
+    leaves the table when its group ends or a restart of the same id replaces it."""
+
+    RUNNING = "running"
+    FINISHED = "finished"
 
 
 class LiveRequest:
@@ -40,13 +50,13 @@ class LiveRequest:
     tree gets tokens up to there only).
     """
 
-    __slots__ = ("req_id", "key", "running", "tokens", "base", "keep", "local_seq",
+    __slots__ = ("req_id", "key", "state", "tokens", "base", "keep", "local_seq",
                  "local_pos", "global_seq", "global_pos", "own", "own_pos", "pending")
 
     def __init__(self, req_id: Hashable, key: str, tokens: list[int], keep: int):
         self.req_id = req_id
         self.key = key  # the prompt's key
-        self.running = True
+        self.state = LiveState.RUNNING
         self.tokens = tokens  # prompt + output, from position `base` on
         self.base = 0
         self.keep = keep  # context tokens always kept
@@ -178,9 +188,9 @@ class LiveSet:
         req = self.running.pop(req_id, None)
         if req is None:
             return []
-        req.running = False
+        req.state = LiveState.FINISHED
         group = self._groups[req.key]
-        finished = sum(1 for m in group if not m.running)
+        finished = sum(1 for m in group if m.state is LiveState.FINISHED)
         expected = self._expected.get(req.key)
         if finished == len(group) and (expected is None or finished >= expected):
             return self.end_group(req.key)
@@ -199,4 +209,4 @@ def _int_list(tokens: Sequence[int]) -> list[int]:
     return tokens.tolist() if isinstance(tokens, np.ndarray) else [int(t) for t in tokens]
 
 
-__all__ = ["LiveRequest", "LiveSet", "TRIM_SLACK"]
+__all__ = ["LiveRequest", "LiveSet", "LiveState", "TRIM_SLACK"]

@@ -42,13 +42,6 @@ class Draft:
     def __len__(self) -> int:
         return len(self.token_ids)
 
-    def truncated(self, n: int) -> "Draft":
-        """The first n tokens (score recomputed)."""
-        if n >= len(self.token_ids):
-            return self
-        probs = self.probs[:n]
-        return Draft(self.token_ids[:n], probs, float(sum(probs)), self.match_len)
-
 
 EMPTY_DRAFT = Draft()
 
@@ -92,16 +85,9 @@ class SuffixTree:
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self._lengths
 
-    def seq_ids(self) -> list[int]:
-        return list(self._lengths)
-
     @property
     def num_seqs(self) -> int:
         return len(self._lengths)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(self._lengths.values())
 
     def memory_bytes(self) -> int:
         """The C++ side's own estimate of its memory use."""

@@ -185,16 +185,6 @@ class HistoryStore:
         steps = self.steps()
         return steps[-1] if steps else None
 
-    def num_records(self) -> int:
-        """Total rows, from parquet footers only."""
-        total = 0
-        for path in self._files().values():
-            try:
-                total += pq.ParquetFile(path).metadata.num_rows
-            except (pa.ArrowException, OSError):
-                self._read(path)  # raises the UsageError naming the file
-        return total
-
     def read_step(self, step: int) -> list[RolloutRecord]:
         path = self.path(step)
         if not path.is_file():

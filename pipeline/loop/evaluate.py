@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from pipeline import distributed as dist
 from pipeline.loop import rollouts
-from pipeline.rollout.engine import Sampling
+from pipeline.loop.context import Context
+from pipeline.rollout.contract import Sampling
 from pipeline.tasks.prompts import Prompt
 
 
-def evaluate(ctx, prompts: list[Prompt]) -> dict:
+def evaluate(ctx: Context, prompts: list[Prompt]) -> dict:
     """Greedy accuracy and reward over `prompts`, split over the ranks."""
     share = prompts[ctx.rank:: ctx.world_size]
     greedy = Sampling(n=1, temperature=0.0, max_tokens=ctx.cfg.rollout.max_tokens)

@@ -30,6 +30,7 @@ from pipeline.loop.metrics import format_line
 from pipeline.loop.preflight import preflight
 from pipeline.loop.run import ViewFactory, run
 
+RANK_MODULE = "pipeline.loop.launch"  # this module, as `python -m` runs it
 DEBUG_ENV = "RHYMECTL_DEBUG"  # "1": tracebacks instead of one-line errors (inherited by ranks)
 
 
@@ -69,7 +70,7 @@ def spawn(config_path: Path, overrides: list[str], resume: bool, force: bool,
     """Run `nproc` ranks of this module's entry point under torchrun; rank 0's summary."""
     with tempfile.TemporaryDirectory(prefix="rhymectl-launch-") as tmp:
         summary = Path(tmp) / "summary.json"
-        cmd = torchrun_command(nproc, __name__, *rank_args(config_path, overrides, resume,
+        cmd = torchrun_command(nproc, RANK_MODULE, *rank_args(config_path, overrides, resume,
                                                            force, summary))
         code = subprocess.call(cmd, env=torchrun_env(), stdout=sys.stderr)  # stdout: --json
         _exit_like(code, "torchrun")
@@ -80,7 +81,7 @@ def run_subprocess(config_path: Path, overrides: list[str], resume: bool, force:
     """One rank in a fresh process (the benches' training run); its summary."""
     with tempfile.TemporaryDirectory(prefix="rhymectl-launch-") as tmp:
         summary = Path(tmp) / "summary.json"
-        cmd = [sys.executable, "-m", __name__, *rank_args(config_path, overrides, resume, force,
+        cmd = [sys.executable, "-m", RANK_MODULE, *rank_args(config_path, overrides, resume, force,
                                                           summary)]
         code = subprocess.call(cmd, stdout=sys.stderr)  # keep stdout for --json
         _exit_like(code, "the training run")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.config import Config
+from pipeline.config import Config, ConfigError
 from pipeline.errors import UsageError
 from pipeline.policy.checks import check_model_dir
 from pipeline.tasks.data import resolve_reward
@@ -17,31 +17,48 @@ from pipeline.tasks.prompts import train_rows
 
 
 def preflight(cfg: Config, world_size: int) -> dict:
-    """Raise UsageError on the first blocking problem; return facts worth printing."""
-    check_world(cfg, world_size)
-    model_dir = check_model_dir(cfg.model.path)
-    dataset = train_rows(cfg.data)
-    reward_name = resolve_reward_name(cfg)
-    context = model_context(model_dir)
-    longest = longest_prompt_tokens(model_dir, dataset["prompt"])
-    if longest > cfg.data.max_prompt_length:
-        raise UsageError(f"the longest prompt has {longest} tokens, more than "
-                         f"data.max_prompt_length = {cfg.data.max_prompt_length}; raise it or "
-                         f"filter the data set")
+    """Run every check; raise one UsageError listing every problem found (checks that need
+    a model directory or data set that failed are skipped); else return facts worth
+    printing."""
+    problems: list[str] = []
+
+    def attempt(check, *args):
+        try:
+            return check(*args)
+        except UsageError as exc:
+            problems.append(str(exc))
+            return None
+
+    for problem in world_problems(cfg, world_size):
+        problems.append(problem)
+    model_dir = attempt(check_model_dir, cfg.model.path)
+    dataset = attempt(train_rows, cfg.data)
+    reward_name = attempt(resolve_reward_name, cfg)
+    context = longest = None
+    if model_dir is not None:
+        context = attempt(model_context, model_dir)
+        if dataset is not None:
+            longest = attempt(longest_prompt_tokens, model_dir, dataset["prompt"])
+    if longest is not None and longest > cfg.data.max_prompt_length:
+        problems.append(f"the longest prompt has {longest} tokens, more than "
+                        f"data.max_prompt_length = {cfg.data.max_prompt_length}; raise it or "
+                        f"filter the data set")
     if context and cfg.data.max_prompt_length + cfg.rollout.max_tokens > context:
-        raise UsageError(f"data.max_prompt_length + rollout.max_tokens = "
-                         f"{cfg.data.max_prompt_length + cfg.rollout.max_tokens} exceeds the "
-                         f"model's context of {context} tokens; lower rollout.max_tokens")
+        problems.append(f"data.max_prompt_length + rollout.max_tokens = "
+                        f"{cfg.data.max_prompt_length + cfg.rollout.max_tokens} exceeds the "
+                        f"model's context of {context} tokens; lower rollout.max_tokens")
+    if problems:
+        raise ConfigError(problems)
     return {"world_size": world_size, "prompts": len(dataset), "longest_prompt_tokens": longest,
             "model_context": context, "reward": reward_name}
 
 
-def check_world(cfg: Config, world_size: int) -> None:
-    for key, value in (("data.train_batch_size", cfg.data.train_batch_size),
-                       ("train.ppo_mini_batch_size", cfg.train.ppo_mini_batch_size)):
-        if value % world_size:
-            raise UsageError(f"{key} = {value} does not divide over {world_size} ranks; make it a "
-                             f"multiple of {world_size} or change --nproc")
+def world_problems(cfg: Config, world_size: int) -> list[str]:
+    return [f"{key} = {value} does not divide over {world_size} ranks; make it a multiple of "
+            f"{world_size} or change --nproc"
+            for key, value in (("data.train_batch_size", cfg.data.train_batch_size),
+                               ("train.ppo_mini_batch_size", cfg.train.ppo_mini_batch_size))
+            if value % world_size]
 
 
 def resolve_reward_name(cfg: Config) -> str:

@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 import torch
 
 from pipeline.history.store import RolloutRecord, prompt_hash
-from pipeline.rollout.engine import Completion, RolloutEngine, Sampling
+from pipeline.rollout.contract import Completion, RolloutBackend, Sampling
 from pipeline.tasks.prompts import Prompt
 from pipeline.train import grpo
 from pipeline.train.actor import Batch
@@ -30,7 +30,7 @@ class Rollout:
         return len(self.completion.token_ids)
 
 
-def generate(engine: RolloutEngine, tokenizer, prompts: Sequence[Prompt], sampling: Sampling) -> list[Rollout]:
+def generate(engine: RolloutBackend, tokenizer, prompts: Sequence[Prompt], sampling: Sampling) -> list[Rollout]:
     """`sampling.n` responses per prompt, flattened group by group."""
     prompt_ids = [tokenizer(p.text)["input_ids"] for p in prompts]
     groups = engine.generate(prompt_ids, sampling)

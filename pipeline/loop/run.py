@@ -9,17 +9,18 @@ from __future__ import annotations
 import os
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, ContextManager, Protocol
 
 from pipeline import distributed as dist
 from pipeline.config import Config
+from pipeline.config.methods import method
 from pipeline.errors import UsageError
 from pipeline.history import index
 from pipeline.history.store import HistoryStore
 from pipeline.loop import rundir
 from pipeline.loop.batches import PromptSource
+from pipeline.loop.context import Context
 from pipeline.loop.evaluate import evaluate
 from pipeline.loop.metrics import MetricsLog
 from pipeline.loop.scheduled import ScheduledRollout
@@ -41,27 +42,6 @@ class StepView(Protocol):
 
 # (total steps, steps already done) -> a context manager that yields a StepView
 ViewFactory = Callable[[int, int], ContextManager[StepView]]
-
-
-@dataclass
-class Context:
-    cfg: Config
-    rank: int
-    world_size: int
-    engine: object
-    actor: object
-    tokenizer: object
-    prompts: PromptSource
-    reward_fn: object
-    run_dir: Path
-    policy_version: int = 0
-    start_step: int = 0
-    history: HistoryStore | None = None
-    scheduler: object = None  # ScheduledRollout when the batch is placed over several ranks
-    metrics: MetricsLog | None = None
-    evals: MetricsLog | None = None
-    eval_set: list = field(default_factory=list)
-    summary: dict = field(default_factory=dict)
 
 
 def run(cfg: Config, resume: bool, force: bool, view: ViewFactory | None = None) -> dict:
@@ -93,9 +73,7 @@ def setup(cfg: Config, rank: int, world: int, resume: bool, force: bool) -> Cont
                            cfg.data.shuffle)
     reward_fn = resolve_reward(cfg.data.reward or cfg.data.task, cfg.data.partial_credit)
     actor = Actor(cfg, world)
-    engine = RolloutEngine(cfg.model, cfg.rollout,
-                           cfg.data.max_prompt_length + cfg.rollout.max_tokens, cfg.run.seed,
-                           cfg.spec)
+    engine = RolloutEngine.from_config(cfg)
     ctx = Context(cfg, rank, world, engine, actor, tokenizer, prompts, reward_fn, run_dir)
     ctx.scheduler = ScheduledRollout.maybe(cfg, world, run_dir)
     ctx.eval_set = eval_prompts(cfg.data, {p.id for p in prompts.prompts})
@@ -140,7 +118,7 @@ def restore_drafting(ctx: Context) -> None:
     corrupt or foreign one stops the run (one line, exit 2) rather than being used."""
 
     drafting = ctx.engine.drafting
-    if drafting is None or not drafting.spec.method.startswith("history"):
+    if drafting is None or not method(drafting.spec.method).history:
         return
     cfg = ctx.cfg
     present = (ctx.run_dir / index.INDEX_DIR).is_dir()

@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from pipeline.costs import bubble_ratio
 from pipeline.distributed import CoordinationStore
-from pipeline.rollout.engine import Completion
+from pipeline.rollout.contract import Completion
 from pipeline.sched.types import Chunk, Dispatcher, GroupWork, Placement, Request
 
 POLL_S = 0.0005  # idle wait between store polls

@@ -8,9 +8,10 @@ from pipeline import distributed as dist
 from pipeline.costs import bubble_ratio, tail_s
 from pipeline.loop import rollouts
 from pipeline.loop.batches import shard
+from pipeline.loop.context import Context
 from pipeline.loop.metrics import summarize_lengths
 from pipeline.loop.timer import PhaseTimer
-from pipeline.rollout.engine import Sampling
+from pipeline.rollout.contract import Sampling
 
 
 @dataclass
@@ -19,8 +20,8 @@ class StepResult:
     records: list  # this step's RolloutRecords, all ranks (rank 0 persists them)
 
 
-def rl_step(ctx, step: int) -> StepResult:
-    """ctx: a `pipeline.loop.run.Context` (engine, actor, tokenizer, data, config, ranks)."""
+def rl_step(ctx: Context, step: int) -> StepResult:
+    """ctx: engine, actor, tokenizer, data, config, ranks (`pipeline.loop.context`)."""
     cfg, phases = ctx.cfg, PhaseTimer()
     epoch = ctx.prompts.epoch_of(step)
     version = ctx.policy_version

@@ -10,36 +10,15 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import torch
 
-from pipeline.config.schema import ModelConfig, RolloutConfig, SpecConfig
+from pipeline.config.methods import method
+from pipeline.config.schema import Config, ModelConfig, RolloutConfig, SpecConfig
 from pipeline.rollout import speculation
+from pipeline.rollout.contract import Completion, Sampling
 from pipeline.rollout.meter import PassCounts, PassMeter
-
-
-@dataclass
-class Completion:
-    """One response. `logprobs[i]` is vLLM's logprob of `token_ids[i]` (raw target model)."""
-
-    request_id: str
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str
-    gen_seconds: float
-    finish_s: float = 0.0  # seconds from the start of its `generate` call to its last token
-
-
-@dataclass(frozen=True)
-class Sampling:
-    n: int
-    temperature: float
-    top_p: float = 1.0
-    top_k: int = -1
-    max_tokens: int = 128
-    seed: int | None = None
 
 
 def _prepare_environment(rollout: RolloutConfig) -> None:
@@ -50,7 +29,16 @@ def _prepare_environment(rollout: RolloutConfig) -> None:
 
 
 class RolloutEngine:
-    """generate / update_weights / sleep / wake — the rollout contract the loop relies on."""
+    """The vLLM engine behind the rollout contract (`pipeline.rollout.contract.RolloutBackend`)."""
+
+    @classmethod
+    def from_config(cls, cfg: Config, *, model: ModelConfig | None = None,
+                    spec: SpecConfig | None = None) -> "RolloutEngine":
+        """The engine a run of `cfg` uses: the one place an engine is built from a config
+        (model, spec: instead of the config's own, e.g. a checkpoint or another method)."""
+        return cls(model or cfg.model, cfg.rollout,
+                   cfg.data.max_prompt_length + cfg.rollout.max_tokens, cfg.run.seed,
+                   cfg.spec if spec is None else spec)
 
     def __init__(self, model: ModelConfig, rollout: RolloutConfig, max_model_len: int, seed: int,
                  spec: SpecConfig | None = None):
@@ -77,7 +65,7 @@ class RolloutEngine:
         self.llm = LLM(**kwargs)
         self.loaded_version = 0
         self.drafting = None
-        if spec is not None and spec.method in ("history", "group", "history+group"):
+        if spec is not None and method(spec.method).drafter:
             self.drafting = speculation.Drafting(self.model_runner(), spec)
         self.speculating = spec is not None and spec.method != "none"
         self.meter = PassMeter(self.model_runner())

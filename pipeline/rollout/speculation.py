@@ -12,6 +12,7 @@ import itertools
 from collections import defaultdict, deque
 from typing import Sequence
 
+from pipeline.config.methods import method
 from pipeline.config.schema import SpecConfig
 from pipeline.rollout import cpu_sampler_fix
 
@@ -22,11 +23,12 @@ def llm_kwargs(spec: SpecConfig | None) -> dict:
         return {}
     cpu_sampler_fix.apply()
     k = spec.num_speculative_tokens
-    if spec.method == "ngram":
+    served_by = method(spec.method).vllm_method
+    if served_by == "ngram":
         return {"speculative_config": {"method": "ngram", "num_speculative_tokens": k,
                                        "prompt_lookup_max": 4, "prompt_lookup_min": 1}}
-    if spec.method == "suffix":
-        return {"speculative_config": {"method": "suffix", "num_speculative_tokens": k}}
+    if served_by is not None:
+        return {"speculative_config": {"method": served_by, "num_speculative_tokens": k}}
     from pipeline.rollout.proposer import speculative_config
 
     return {"speculative_config": speculative_config(k)}

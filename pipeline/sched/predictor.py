@@ -11,12 +11,9 @@ online: the first finished response of a group is averaged with the history pred
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
-
-from pipeline.history.store import HistoryStore
 
 LengthHistory = Mapping[str, Mapping[int, Sequence[int]]]  # prompt_id -> epoch -> lengths
 
@@ -67,10 +64,6 @@ class LengthPredictor:
         self.fallback = (float(np.median(list(self.predictions.values())))
                          if self.predictions else float(default))
         self.observed: dict[str, list[int]] = {}
-
-    @classmethod
-    def from_run(cls, run_dir: str | Path, **kwargs) -> "LengthPredictor":
-        return cls(HistoryStore(run_dir, readonly=True).lengths(), **kwargs)
 
     def known(self, prompt_id: str) -> bool:
         return prompt_id in self.predictions

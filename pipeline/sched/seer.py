@@ -25,7 +25,7 @@ from typing import Sequence
 from pipeline.sched.load import LoadEstimate
 from pipeline.sched.predictor import refine
 from pipeline.sched.types import (Chunk, Cluster, Dispatcher, GroupWork, Placement, PlacementParams,
-                                 Request, check_workers, lpt, place_continuation)
+                                 Request, RequestState, check_workers, lpt, place_continuation)
 
 
 def queue_order(groups: Sequence[GroupWork]) -> list[Request]:
@@ -39,8 +39,14 @@ def queue_order(groups: Sequence[GroupWork]) -> list[Request]:
 
 
 class SeerDispatcher(Dispatcher):
+    """The global queue. Every request of the step has a `RequestState`: WAITING in the
+    probe queue or the ranked rest, RUNNING once assigned, CONTINUING at a chunk boundary
+    until `dispatch` places it again, FINISHED when its last chunk finished."""
+
     def __init__(self, groups: Sequence[GroupWork], workers: int, params: PlacementParams):
         self.groups = groups
+        self.state = {Request(g, s): RequestState.WAITING
+                      for g, group in enumerate(groups) for s in range(group.n)}
         self.chunk_tokens, self.migrate_gap = params.chunk_tokens, params.migrate_gap
         self.load = LoadEstimate(workers, params.cost, params.capacity, params.length_floor)
         self.placed: dict[Request, float] = {}  # predicted length it was placed with
@@ -87,6 +93,7 @@ class SeerDispatcher(Dispatcher):
                 moved_to.add(target)
                 self.load.done(own, self.placed[request])
                 self.load.add(target, self.placed[request])
+            self.state[request] = RequestState.RUNNING
             cluster.assign(target, Chunk(request, self.chunk_tokens))
         for w in {*freed, *moved_to}:
             self._set_free(w, cluster.capacity - cluster.load(w))
@@ -123,13 +130,18 @@ class SeerDispatcher(Dispatcher):
             self.load.add(worker, self.placed[request])
             self._set_free(worker, self.free[worker] - 1)
         for request in batch:
+            self.state[request] = RequestState.RUNNING
             cluster.assign(placed[request], Chunk(request, self.chunk_tokens))
 
     def chunk_done(self, chunk: Chunk, worker: int, generated: int, finished: bool) -> None:
         g = chunk.request.group
+        if self.state[chunk.request] is not RequestState.RUNNING:
+            raise ValueError(f"{chunk.request} reported done while {self.state[chunk.request].value}")
         if not finished:
+            self.state[chunk.request] = RequestState.CONTINUING
             self.continuing.append((chunk.request, worker, generated))
             return
+        self.state[chunk.request] = RequestState.FINISHED
         self.load.done(worker, self.placed.pop(chunk.request))
         if not self.probed[g]:  # the group's first finished response: refine, re-rank
             self.probed[g] = True
@@ -141,6 +153,10 @@ class SeerDispatcher(Dispatcher):
 
     def pending(self) -> int:
         return len(self.probes) + self.unstarted_rest + len(self.continuing)
+
+    def count(self, state: RequestState) -> int:
+        """Requests of the step in `state`."""
+        return sum(1 for s in self.state.values() if s is state)
 
 
 class SeerPolicy(Placement):

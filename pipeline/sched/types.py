@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from enum import Enum
 from typing import ClassVar, NamedTuple, Protocol, Sequence
 
 from pipeline.errors import UsageError
@@ -52,6 +53,20 @@ class Request(NamedTuple):
 
     group: int
     sample: int
+
+
+class RequestState(Enum):
+    """Where a request of the step is, as a dispatcher tracks it.
+
+    WAITING: not started (in the global queue); RUNNING: a chunk of it is on a worker;
+    CONTINUING: a chunk stopped at its budget and the request awaits its next placement
+    (same worker or a migration); FINISHED: its response is complete.
+    """
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    CONTINUING = "continuing"
+    FINISHED = "finished"
 
 
 class Chunk(NamedTuple):

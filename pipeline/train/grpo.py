@@ -78,14 +78,6 @@ AdvantageEstimator = Callable[..., Tensor]
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {"grpo": _grpo, "grpo_no_std": _grpo_no_std}
 
 
-def register_advantage_estimator(name: str):
-    """Decorator: add `fn(rewards [N], group_ids [N], eps) -> [N]` under `name`."""
-    def wrap(fn: AdvantageEstimator) -> AdvantageEstimator:
-        ADVANTAGE_ESTIMATORS[name] = fn
-        return fn
-    return wrap
-
-
 def get_advantage_estimator(name: str) -> AdvantageEstimator:
     return _lookup(ADVANTAGE_ESTIMATORS, name, "advantage estimator")
 
@@ -149,16 +141,10 @@ def _seq_mean_token_mean(values: Tensor, mask: Tensor) -> Tensor:
     return per_seq[has_tokens].sum() / has_tokens.sum().clamp(min=1)
 
 
-def _seq_mean_token_sum_norm(values: Tensor, mask: Tensor) -> Tensor:
-    # Dr.GRPO: a constant per-token weight 1/L, so long responses are not down-weighted.
-    return values.sum(-1).mean() / values.shape[-1]
-
-
 Aggregator = Callable[[Tensor, Tensor], Tensor]
 LOSS_AGGREGATIONS: dict[str, Aggregator] = {
     "token-mean": _token_mean,
     "seq-mean-token-mean": _seq_mean_token_mean,
-    "seq-mean-token-sum-norm": _seq_mean_token_sum_norm,
 }
 
 
@@ -167,7 +153,6 @@ def aggregate(values: Tensor, mask: Tensor, agg: str = "token-mean") -> Tensor:
 
     token-mean: sum over unmasked tokens / their count (DAPO, token-level).
     seq-mean-token-mean: mean per sequence, then mean over sequences with tokens (GRPO).
-    seq-mean-token-sum-norm: sum per sequence / L, mean over sequences (Dr.GRPO).
     """
     fn = _lookup(LOSS_AGGREGATIONS, agg, "loss aggregation mode")
     mask = mask.bool()

@@ -55,6 +55,18 @@ def dry_run(capsys, *overrides, **kw) -> str:
     return fails(capsys, "train", TINY, *overrides, "--dry-run", **kw)
 
 
+def problems(capsys, *overrides) -> list[str]:
+    """Every problem a failing `train --dry-run` reports (preflight reports them all: one
+    line alone, or a 'config has N problems:' head and one indented line each)."""
+    got, out, err = cli(capsys, "train", TINY, *overrides, "--dry-run")
+    assert got == 2 and out == "" and err.startswith("error: "), err
+    lines = err[len("error: "):].rstrip("\n").split("\n")
+    if len(lines) == 1:
+        return lines
+    assert lines[0] == f"config has {len(lines) - 1} problems:", err
+    return [line.removeprefix("  ") for line in lines[1:]]
+
+
 @pytest.fixture
 def fake_model(tmp_path) -> Path:
     """Passes the model-directory check; its tokenizer does not load (data checks come first)."""
@@ -195,12 +207,21 @@ def test_a_config_file_that_is_a_list(capsys, tmp_path):
 
 
 def test_a_batch_that_does_not_divide_over_the_ranks(capsys):
-    assert dry_run(capsys, "--nproc", "3") == (
-        "data.train_batch_size = 16 does not divide over 3 ranks; make it a multiple of 3 or "
-        "change --nproc")
-    assert dry_run(capsys, "data.train_batch_size=32", "--nproc", "16") == (
-        "train.ppo_mini_batch_size = 8 does not divide over 16 ranks; make it a multiple of 16 "
-        "or change --nproc")
+    assert ("data.train_batch_size = 16 does not divide over 3 ranks; make it a multiple of 3 or "
+            "change --nproc") in problems(capsys, "--nproc", "3")
+    assert ("train.ppo_mini_batch_size = 8 does not divide over 16 ranks; make it a multiple of "
+            "16 or change --nproc") in problems(capsys, "data.train_batch_size=32", "--nproc", "16")
+
+
+def test_preflight_reports_every_problem_at_once(capsys):
+    assert problems(capsys, "model.path=models/none", "data.train_batch_size=10",
+                    "train.ppo_mini_batch_size=5", "--nproc", "4") == [
+        "data.train_batch_size = 10 does not divide over 4 ranks; make it a multiple of 4 or "
+        "change --nproc",
+        "train.ppo_mini_batch_size = 5 does not divide over 4 ranks; make it a multiple of 4 or "
+        "change --nproc",
+        "model.path = models/none does not exist; run `rhymectl init-model --out models/none` "
+        "or point model.path at a local Hugging-Face model directory"]
 
 
 def test_a_model_directory_that_does_not_exist(capsys):
@@ -296,8 +317,8 @@ def test_a_data_set_with_an_unsupported_extension(capsys, tmp_path, fake_model):
 
 
 def test_an_unknown_task_gets_a_did_you_mean(capsys, fake_model):
-    assert dry_run(capsys, f"model.path={fake_model}", "data.task=srot") == (
-        "unknown task 'srot'; did you mean 'sort'? valid tasks: reverse, sort")
+    assert ("unknown task 'srot'; did you mean 'sort'? valid tasks: reverse, sort"
+            in problems(capsys, f"model.path={fake_model}", "data.task=srot"))
 
 
 @pytest.mark.parametrize("reward, message", [
@@ -311,14 +332,14 @@ def test_an_unknown_task_gets_a_did_you_mean(capsys, fake_model):
     (":score", "reward ':score' is not module:function; write it like my_pkg.rewards:score"),
 ])
 def test_an_unknown_reward(capsys, fake_model, reward, message):
-    assert dry_run(capsys, f"model.path={fake_model}", f"data.reward={reward}") == message
+    assert message in problems(capsys, f"model.path={fake_model}", f"data.reward={reward}")
 
 
 def test_a_user_data_set_needs_a_reward(capsys, tmp_path, fake_model):
     name = write_jsonl(tmp_path / "ok.jsonl", [{"prompt": "sort 21:", "answer": "12"}])
-    assert dry_run(capsys, f"model.path={fake_model}", f"data.path={name}", "data.task=null") == (
-        "data.reward is not set; name a built-in task's reward (sort, reverse) or a "
-        "module:function(prompt, response, answer) -> float")
+    assert ("data.reward is not set; name a built-in task's reward (sort, reverse) or a "
+            "module:function(prompt, response, answer) -> float") in problems(
+        capsys, f"model.path={fake_model}", f"data.path={name}", "data.task=null")
 
 
 # -- preflight: lengths (a tokenizer that loads) ----------------------------------------
@@ -394,7 +415,7 @@ def test_the_printed_config_keeps_square_brackets(capsys, real_model, one_prompt
 @pytest.mark.parametrize("bad", [["rollout.nn=4"], ["model.path=models/none"], ["--nproc", "3"]])
 def test_a_failing_dry_run_writes_nothing(capsys, tmp_path, bad):
     run_dir = tmp_path / "run"
-    dry_run(capsys, f"run.dir={run_dir}", *bad)
+    assert problems(capsys, f"run.dir={run_dir}", *bad)
     assert not run_dir.exists()
     assert list(tmp_path.iterdir()) == []
 

@@ -43,7 +43,7 @@ def test_round_trip_is_exact(store, tmp_path):
     assert store.read_step(1) == step1
     assert store.read_all() == step0 + step1
     assert list(store.iter_records()) == step0 + step1
-    assert store.steps() == [0, 1] and store.last_step() == 1 and store.num_records() == 4
+    assert store.steps() == [0, 1] and store.last_step() == 1 and len(store.read_all()) == 4
     # a fresh handle sees the same committed history
     assert HistoryStore(tmp_path / "run", readonly=True).read_all() == step0 + step1
 
@@ -58,7 +58,7 @@ def test_schema_types_and_float32_storage(store):
 
 def test_empty_store(tmp_path):
     store = HistoryStore(tmp_path / "nothing", readonly=True)
-    assert store.steps() == [] and store.last_step() is None and store.num_records() == 0
+    assert store.steps() == [] and store.last_step() is None and len(store.read_all()) == 0
     assert store.read_all() == [] and store.lengths() == {} and store.responses("p", 2) == []
     with pytest.raises(KeyError):
         store.read_step(0)
@@ -115,7 +115,7 @@ def test_crash_mid_append_leaves_earlier_steps_only(store, monkeypatch):
         store.append(1, group("p", 1, 1, [5]))
     monkeypatch.undo()
     assert sorted(p.name for p in store.dir.iterdir()) == ["step-000000.parquet"]
-    assert store.steps() == [0] and store.read_all() == before and store.num_records() == 2
+    assert store.steps() == [0] and store.read_all() == before and len(store.read_all()) == 2
     store.append(1, group("p", 1, 1, [5]))
     assert store.steps() == [0, 1]
 
@@ -137,7 +137,7 @@ def test_truncate_after_rolls_history_back(store):
     for s in range(5):
         store.append(s, group("p", s, s, [s + 1]))
     assert store.truncate_after(2) == [3, 4]
-    assert store.steps() == [0, 1, 2] and store.num_records() == 3
+    assert store.steps() == [0, 1, 2] and len(store.read_all()) == 3
     assert store.truncate_after(7) == []
     store.append(3, group("p", 9, 3, [4]))  # the resumed run redoes step 3
     assert [r.epoch for r in store.read_step(3)] == [9]
@@ -174,7 +174,7 @@ def test_corrupt_step_file_is_reported_never_skipped(store, damage):
     data = bad.read_bytes()
     bad.write_bytes(b"not parquet at all" if damage == "garbage" else data[: len(data) // 2])
     assert store.steps() == [0, 1]
-    for read in (store.read_all, store.num_records, store.lengths,
+    for read in (store.read_all, store.lengths,
                  lambda: store.responses("p", 2), lambda: store.read_step(1)):
         with pytest.raises(UsageError) as err:
             read()

@@ -308,3 +308,13 @@ def test_cli_errors_are_one_line_exit_2(capsys, cli_run, tmp_path, model_dir):
     assert cli(capsys, "index", "build", cli_run, "--model", model_dir, "--epochs", "2")[0] == 0
     _truncate(cli_run / "index" / "history.parquet")
     assert "is corrupt or truncated" in fails(capsys, "index", "stats", cli_run, "--model", model_dir)
+
+
+def test_cli_reads_the_runs_config_through_the_config_loader(capsys, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("model: {path: m}\nspec: {history_epochs: 0}\n")
+    message = fails(capsys, "index", "build", run)
+    assert "spec.history_epochs = 0 is not allowed" in message
+    (run / "config.yaml").write_text("- a list\n")
+    assert "must hold a mapping" in fails(capsys, "index", "build", run)

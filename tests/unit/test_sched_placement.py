@@ -10,7 +10,7 @@ from pipeline.errors import UsageError
 from pipeline.costs import CostModel
 from pipeline.sched.placement import POLICIES, make_policy, policy_names, resolve_policy_name
 from pipeline.sched.seer import SeerDispatcher, queue_order
-from pipeline.sched.types import Chunk, GroupWork, PlacementParams, Request
+from pipeline.sched.types import Chunk, GroupWork, PlacementParams, Request, RequestState
 
 TOKENS_ONLY = PlacementParams(cost=CostModel(base_s=0.0, per_token_s=1.0))  # time = tokens
 
@@ -145,6 +145,26 @@ def test_seer_continues_in_place_or_moves_to_a_much_lighter_worker():
     cluster.loads[long_worker] += 17
     cluster.finish(d, long_worker, Chunk(R(0), 64), generated=128, finished=False)
     assert cluster.started[-1] == (1 - long_worker, Chunk(R(0), 64)) and d.migrations == 1
+
+
+def test_seer_tracks_each_request_state_through_its_chunks():
+    gs = [GroupWork("a", 2, 100.0)]
+    d = SeerDispatcher(gs, 1, PlacementParams(chunk_tokens=64, capacity=1))
+    cluster = FakeCluster(1, 1)
+    assert d.count(RequestState.WAITING) == 2
+    d.dispatch(cluster, [0])
+    assert d.state[R(0, 0)] is RequestState.RUNNING and d.state[R(0, 1)] is RequestState.WAITING
+    d.chunk_done(Chunk(R(0, 0), 64), 0, generated=64, finished=False)
+    cluster.loads[0] -= 1
+    assert d.state[R(0, 0)] is RequestState.CONTINUING and d.pending() == 2
+    d.dispatch(cluster, [0])  # the continuation goes before any unstarted request
+    assert d.state[R(0, 0)] is RequestState.RUNNING and d.state[R(0, 1)] is RequestState.WAITING
+    cluster.finish(d, 0, Chunk(R(0, 0), 64), generated=90)
+    assert d.state[R(0, 0)] is RequestState.FINISHED and d.state[R(0, 1)] is RequestState.RUNNING
+    with pytest.raises(ValueError, match="reported done while finished"):
+        d.chunk_done(Chunk(R(0, 0), 64), 0, generated=90, finished=True)
+    cluster.finish(d, 0, Chunk(R(0, 1), 64), generated=80)
+    assert d.count(RequestState.FINISHED) == 2 and d.pending() == 0
 
 
 @pytest.mark.parametrize("name", list(POLICIES))

@@ -74,10 +74,11 @@ def test_bad_arguments(kwargs, message):
         LengthPredictor(HISTORY, **kwargs)
 
 
-def test_from_run_reads_the_history_store(tmp_path):
+def test_predicts_from_the_history_stores_lengths(tmp_path):
     from pipeline.history.store import HistoryStore, RolloutRecord
 
     store = HistoryStore(tmp_path)
     store.append(0, [RolloutRecord("p", "h", 0, 0, 0, i, [1] * n, n, "stop", 0.0, 0.1)
                      for i, n in enumerate([3, 5])])
-    assert LengthPredictor.from_run(tmp_path).predict("p") == pytest.approx(4.0)
+    lengths = HistoryStore(tmp_path, readonly=True).lengths()
+    assert LengthPredictor(lengths).predict("p") == pytest.approx(4.0)

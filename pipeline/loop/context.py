@@ -1,0 +1,46 @@
+"""What one rank's training run holds, passed to every phase of a step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipeline.config import Config
+from pipeline.history.store import HistoryStore
+from pipeline.loop.batches import PromptSource
+from pipeline.loop.metrics import MetricsLog
+from pipeline.loop.scheduled import ScheduledRollout
+from pipeline.rollout.contract import RolloutBackend
+from pipeline.tasks.base import RewardFn
+from pipeline.tasks.prompts import Prompt
+from pipeline.train.actor import Actor
+
+if TYPE_CHECKING:  # transformers is imported when a run starts, not with this module
+    from transformers import PreTrainedTokenizerBase
+
+
+@dataclass
+class Context:
+    """Everything one rank's run holds; rank 0 alone has history, metrics and evals."""
+
+    cfg: Config
+    rank: int
+    world_size: int
+    engine: RolloutBackend
+    actor: Actor
+    tokenizer: PreTrainedTokenizerBase
+    prompts: PromptSource
+    reward_fn: RewardFn
+    run_dir: Path
+    policy_version: int = 0
+    start_step: int = 0
+    history: HistoryStore | None = None
+    scheduler: ScheduledRollout | None = None  # when the batch is placed over several ranks
+    metrics: MetricsLog | None = None
+    evals: MetricsLog | None = None
+    eval_set: list[Prompt] = field(default_factory=list)
+    summary: dict = field(default_factory=dict)
+
+
+__all__ = ["Context"]
