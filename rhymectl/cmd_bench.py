@@ -56,6 +56,8 @@ def spec(
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Training run to create or reuse "
                                                                    "[run.dir + '-bench-spec']."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="PNG [RUN_DIR/report/bench-spec.png]."),
+    repeats: int = typer.Option(1, "--repeats", help="Run every method R times, interleaved "
+                                "(A B C A B C ...); report medians and min-max."),
     json_out: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
 ) -> None:
     from rhymectl.parsing import parse_methods
@@ -65,6 +67,8 @@ def spec(
     from pipeline.config import load_config
     from pipeline.loop.preflight import preflight
 
+    if repeats < 1:
+        raise UsageError(f"--repeats {repeats}: need at least 1")
     extra = list(overrides or [])
     cfg = load_config(config, extra)
     preflight(cfg, world_size=1)
@@ -73,7 +77,7 @@ def spec(
         log.print(f"trained {plan.total_steps} steps into {plan.run_dir}", markup=False)
     else:
         log.print(f"reusing the trained epochs in {plan.run_dir}", markup=False)
-    result, plot_path = _measure(plan, names, config, extra, plot)
+    result, plot_path = _measure(plan, names, config, extra, plot, repeats)
     if json_out:
         emit_json({**result, "plot": str(plot_path)})
     else:
@@ -81,30 +85,39 @@ def spec(
     log.print(f"plot: {plot_path}", markup=False, soft_wrap=True)
 
 
-def _measure(plan, names, config, overrides, plot):
+def _measure(plan, names, config, overrides, plot, repeats=1):
     from pipeline.bench.figures import write_plot
     from pipeline.bench.spec import build_work, run_isolated, summarize, workload
+    from pipeline.bench.spec_repeats import aggregate
+    from pipeline.drafting.calibration import merge_tables
 
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                TimeElapsedColumn)
 
-    results = {}
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
     steps = (plan.epochs - 1) * plan.steps_per_epoch  # epochs 1 .. E-1 are regenerated
-    for name in names:
-        with Progress(*columns, console=log, transient=True) as progress:
-            task = progress.add_task(f"bench spec: {name}", total=steps)
-            results[name] = run_isolated(config, overrides, plan, name,
-                                         lambda: progress.advance(task))
-        r = results[name]
-        log.print(f"{name}: {r.requests} responses, {r.generated} tokens in {r.rollout_s:.2f} s",
-                  markup=False)
+    runs = []  # one {method: MethodResult} per repeat, methods interleaved
+    for rep in range(repeats):
+        results = {}
+        for name in names:
+            with Progress(*columns, console=log, transient=True) as progress:
+                task = progress.add_task(f"bench spec: {name} [{rep + 1}/{repeats}]", total=steps)
+                results[name] = r = run_isolated(config, overrides, plan, name,
+                                                 lambda: progress.advance(task))
+            log.print(f"[{rep + 1}/{repeats}] {name}: {r.requests} responses, {r.generated} "
+                      f"tokens in {r.rollout_s:.2f} s", markup=False)
+        runs.append(results)
     from transformers import AutoTokenizer
 
     work = build_work(plan, AutoTokenizer.from_pretrained(plan.cfg.model.path))
-    summary = summarize(results, plan.cfg.rollout.temperature)
-    load = workload(plan, work, results)
+    temperature = plan.cfg.rollout.temperature
+    summary = aggregate([summarize(results, temperature) for results in runs])
+    for name in names:
+        states = [rs[name].calibration for rs in runs if rs[name].calibration]
+        if states:
+            summary[name]["calibration"] = merge_tables(states)
+    load = {**workload(plan, work, runs[0]), "repeats": repeats}
     title = (f"{load['task']}: epochs {load['epochs_measured']} × {load['steps_per_epoch']} steps × "
              f"{load['sequences_per_step']} sequences, T={load['temperature']}")
     from pipeline.loop.lock import held
@@ -120,16 +133,38 @@ def _render_spec(result: dict) -> None:
     w = result["workload"]
     table = Table(title=f"{w['task']}: epochs {w['epochs_measured']}, {w['requests']} requests, "
                         f"{w['sequences_per_step']} sequences per step, T={w['temperature']}")
+    if w.get("repeats", 1) > 1:
+        table.caption = f"medians of {w['repeats']} interleaved repeats (min–max)"
     columns = ("method", "tau", "accept", "passes", "sched tokens", "rollout s", "tok/s",
-               "speedup", "floor s", "drafter", "identical")
+               "speedup", "vs suffix", "floor s", "drafter", "identical")
     for column in columns:
         table.add_column(column, justify="right", no_wrap=True)
+
+    def spread(m, key, fmt):
+        if m.get(key) is None:
+            return "–"
+        text = fmt.format(m[key])
+        if m.get("repeats", 1) > 1 and f"{key}_min" in m:
+            text += f" ({fmt.format(m[key + '_min'])}–{fmt.format(m[key + '_max'])})"
+        return text
+
     for name, m in result["methods"].items():
         same = {True: "yes", False: "NO", None: "–"}[m["identical"]]
-        table.add_row(name, f"{m['tau']:.2f}", f"{m['accept_rate']:.0%}", str(m["passes"]),
-                      str(m["scheduled_tokens"]), f"{m['rollout_s']:.2f}", f"{m['tok_per_s']:.0f}",
-                      f"{m['speedup']:.2f}×", f"{m['floor_s']:.2f}", f"{m['drafter_frac']:.1%}", same)
+        table.add_row(name, f"{m['tau']:.2f}", f"{m['accept_rate']:.0%}", str(int(m["passes"])),
+                      str(int(m["scheduled_tokens"])), spread(m, "rollout_s", "{:.2f}"),
+                      f"{m['tok_per_s']:.0f}", spread(m, "speedup", "{:.2f}×"),
+                      spread(m, "vs_suffix", "{:.2f}×"), f"{m['floor_s']:.2f}",
+                      f"{m['drafter_frac']:.1%}", same)
     out.print(table)
+    for name, m in result["methods"].items():
+        if m.get("calibration"):
+            cal = Table(title=f"{name}: calibration of per-token acceptance (tree path counts)")
+            for column in ("tree q", "tokens tested", "predicted", "observed"):
+                cal.add_column(column, justify="right")
+            for row in m["calibration"]:
+                cal.add_row(f"{row['lo']:.2f}–{row['hi']:.2f}", str(row["tried"]),
+                            f"{row['predicted']:.3f}", f"{row['observed']:.3f}")
+            out.print(cal)
 
 
 @bench_app.command("sched", help=(

@@ -51,6 +51,7 @@ from pipeline.history.store import prompt_hash  # noqa: E402
 from pipeline.rollout.proposer import RhymeProposer, attach  # noqa: E402
 from pipeline.costs import CostModel  # noqa: E402
 from pipeline.drafting.budget import BudgetConfig, DraftBudget  # noqa: E402
+from pipeline.drafting.critical import CriticalBudget, CriticalConfig  # noqa: E402
 from pipeline.drafting.drafter import GroupDrafter  # noqa: E402
 from pipeline.drafting.inputs import DrafterConfig, HistoryResponse  # noqa: E402
 
@@ -186,7 +187,8 @@ class Run:
     history_s: float = 0.0
 
 
-def build(method: str, cost: CostModel, max_spec: int, max_model_len: int, max_reqs: int):
+def build(method: str, cost: CostModel, max_spec: int, max_model_len: int, max_reqs: int,
+          kind: str = "critical"):
     vllm_config = SimpleNamespace(
         speculative_config=SimpleNamespace(num_speculative_tokens=max_spec),
         model_config=SimpleNamespace(max_model_len=max_model_len))
@@ -194,9 +196,11 @@ def build(method: str, cost: CostModel, max_spec: int, max_model_len: int, max_r
     batch = FakeInputBatch(max_reqs, max_model_len)
     runner = SimpleNamespace(input_batch=batch, drafter=proposer)
     drafter = GroupDrafter(DrafterConfig.for_method(method))
-    # as pipeline.drafting.build.budget_config, with this machine's pass cost
-    budget = DraftBudget(BudgetConfig(max_len=max_spec, start_len=min(2, max_spec),
-                                      min_len=1, cost=cost))
+    if kind == "critical":  # as pipeline.drafting.build.make_budget; cost learnt per pass
+        budget = CriticalBudget(CriticalConfig(max_len=max_spec))
+    else:  # as pipeline.drafting.build.budget_config, with this machine's pass cost
+        budget = DraftBudget(BudgetConfig(max_len=max_spec, start_len=min(2, max_spec),
+                                          min_len=1, cost=cost))
     attach(runner, drafter, budget)
     return proposer, batch, drafter
 
@@ -210,7 +214,9 @@ def _profiled(kind: str, rows: int) -> bool:
 def simulate(args, profiler: cProfile.Profile | None = None) -> Run:
     cost = CostModel(args.cost_base, args.cost_per_token)
     max_reqs = args.groups * args.n
-    proposer, batch, drafter = build(args.method, cost, args.k, args.max_model_len, max_reqs)
+    proposer, batch, drafter = build(args.method, cost, args.k, args.max_model_len, max_reqs,
+                                     args.budget)
+    observe_pass = getattr(proposer.budget, "observe_pass", None)
     run = Run()
     rng = random.Random(args.seed)
     work = make_workload(rng, args.groups, args.history, args.prompt_len, args.vocab,
@@ -261,6 +267,8 @@ def simulate(args, profiler: cProfile.Profile | None = None) -> Run:
             run.rows.append(rows)
             run.step.append(step)
             run.drafted.append(sum(len(d) for d in out))
+            if observe_pass is not None:  # the engine's pass meter, from the model cost
+                observe_pass(rows + run.drafted[-1], cost.pass_seconds(rows + run.drafted[-1]))
             run.granted.append(sum(1 for d in out if len(d)))
             run.accepted_of.append(0)
             run.drafts.append(json.dumps([list(map(int, d)) for d in out]))
@@ -296,6 +304,10 @@ COMPONENTS = [  # (where, what): own time of matching functions, first match win
     ("suffix_tree.py:speculate", "C++ tree speculate"),
     ("suffix_tree.py:", "suffix-tree wrapper, other"),
     ("budget.py:", "budget (Python)"),
+    ("critical.py:", "budget (Python)"),
+    ("calibration.py:", "budget (Python)"),
+    ("pass_cost.py:", "budget (Python)"),
+    ("remaining.py:", "remaining lengths (Python)"),
     ("drafter.py:", "drafter (Python)"),
     ("live.py:", "live-request bookkeeping (Python)"),
     ("proposer.py:", "proposer (Python)"),
@@ -367,6 +379,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--method", default="history+group",
                     choices=["history", "group", "history+group"])
+    ap.add_argument("--budget", choices=("critical", "throughput"), default="critical")
     ap.add_argument("--groups", type=int, default=32)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--history", type=int, default=16, help="history responses per prompt")

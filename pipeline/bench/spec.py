@@ -71,6 +71,7 @@ class MethodResult:
     drafter_s: float = 0.0
     samples: list = field(default_factory=list)
     outputs: list = field(default_factory=list)  # token ids per request, in order
+    calibration: dict | None = None  # the critical budget's `Calibrator.state()`
 
     def add(self, counts, seconds: float, groups) -> None:
         self.rollout_s += seconds
@@ -165,6 +166,8 @@ def run_method(plan: Plan, method: str, work: list[EpochWork], advance,
                 groups = engine.generate(sw.prompt_ids, spec)
                 result.add(engine.last_passes, time.perf_counter() - t0, groups)
                 advance()
+        if engine.drafting is not None:
+            result.calibration = engine.drafting.calibration()
     finally:
         del engine
         gc.collect()

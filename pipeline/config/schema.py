@@ -87,6 +87,10 @@ class SpecConfig:
     min_path_prob: float = fraction(0.1)  # cut drafts where the path probability falls below
     reward_weighted: bool = False  # RhymeRL's reward-aware tree
     max_cached_prompts: int = positive(4096)  # trees kept outside the current batch
+    # throughput: per-pass E/T with a fixed cost (measured the better on this CPU so far);
+    # critical: shorten the step's critical path, per-token acceptance from the trees'
+    # path counts, online pass cost (docs/speculation.md)
+    budget: Literal["critical", "throughput"] = "throughput"
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pipeline.config.schema import SpecConfig
 from pipeline.costs import DRAFT_COST, CostModel
-from pipeline.drafting.budget import BudgetConfig
+from pipeline.drafting.budget import BudgetConfig, DraftBudget
+from pipeline.drafting.critical import CriticalBudget, CriticalConfig
 from pipeline.drafting.inputs import DrafterConfig
 
 
@@ -21,4 +22,12 @@ def budget_config(spec: SpecConfig, cost: CostModel = DRAFT_COST) -> BudgetConfi
     return BudgetConfig(max_len=max_len, start_len=min(2, max_len), min_len=1, cost=cost)
 
 
-__all__ = ["budget_config", "drafter_config"]
+def make_budget(spec: SpecConfig) -> DraftBudget | CriticalBudget:
+    """`spec.budget`: the critical-path budget (online cost, calibrated acceptance) or
+    the per-pass throughput one."""
+    if spec.budget == "critical":
+        return CriticalBudget(CriticalConfig(max_len=spec.num_speculative_tokens))
+    return DraftBudget(budget_config(spec))
+
+
+__all__ = ["budget_config", "drafter_config", "make_budget"]

@@ -43,6 +43,7 @@ import numpy as np
 from pipeline.history.store import prompt_hash
 from pipeline.drafting.inputs import DrafterConfig, HistoryResponse, reward_copies
 from pipeline.drafting.live import LiveRequest, LiveSet
+from pipeline.drafting.remaining import RemainingTracker
 from pipeline.drafting.suffix_tree import EMPTY_DRAFT, Draft, SuffixTree
 
 PROMPT_SEQ = 0  # sequence id of the full prompt in its prompt tree
@@ -93,6 +94,7 @@ class GroupDrafter:
         self._drafts = 0
         self._drafted_tokens = 0
         self._wins = {"prompt": 0, "own": 0, "global": 0}
+        self.lengths = RemainingTracker()  # length evidence: history + finished siblings
 
     # -- history ----------------------------------------------------------------------
     def set_history(self, key: str, responses: Sequence[HistoryResponse]) -> None:
@@ -101,6 +103,8 @@ class GroupDrafter:
         Responses already held (same tokens, same weight) stay in the trees; only the
         others are removed or inserted.
         """
+        # Lengths are evidence for the budget whether or not the tokens are drafted from.
+        self.lengths.set_history(key, [len(r.token_ids) for r in responses])
         if not self.config.use_history:
             return
         p = self._prompt(key)
@@ -175,6 +179,9 @@ class GroupDrafter:
         """The request stopped (finished, aborted or preempted)."""
         req = self._live.running.get(req_id)
         if req is not None:
+            # (a preempted request counts as finished here: rare, and only a length sample)
+            self.lengths.finished(req.key, req.end - len(self._prompts[req.key].prompt_ids))
+            self.lengths.forget(req_id)
             self._end_group(req.key, self._live.finish(req_id))
 
     def end_step(self) -> None:
@@ -185,6 +192,16 @@ class GroupDrafter:
             if self._live.members(key):
                 self._end_group(key, self._live.end_group(key))
         self._evict()
+
+    def remaining(self, req_ids: Sequence[Hashable]) -> list[tuple[float, float]]:
+        """(mean, std) predicted remaining output tokens of each running request, from
+        its prompt's history lengths and finished siblings (`pipeline.drafting.remaining`)."""
+        running, prompts = self._live.running, self._prompts
+        items = []
+        for r in req_ids:
+            req = running[r]
+            items.append((r, req.key, req.base + len(req.tokens) - len(prompts[req.key].prompt_ids)))
+        return self.lengths.estimate_many(items)
 
     def running(self) -> list[Hashable]:
         return list(self._live.running)
@@ -324,6 +341,8 @@ class GroupDrafter:
             self._global.remove(m.global_seq)
 
     def _end_group(self, key: str, members: list[LiveRequest]) -> None:
+        if members:
+            self.lengths.end_group(key)
         p = self._prompts[key]
         for m in members:
             self._drop_sequences(p, m)

@@ -86,6 +86,8 @@ class RolloutEngine:
             self.drafting = speculation.Drafting(self.model_runner(), spec)
         self.speculating = spec is not None and spec.method != "none"
         self.meter = PassMeter(self.model_runner())
+        if self.drafting is not None:
+            self.meter.listener = self.drafting.on_pass
         self.last_passes = PassCounts()  # target forward passes of the last `generate`
         self.last_output = (0, 0)  # (generated tokens, requests) of the last `generate`
 

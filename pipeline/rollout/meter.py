@@ -54,6 +54,8 @@ class PassMeter:
         self._counts: PassCounts | None = None
         self._last: tuple[float, int, bool] | None = None  # start, tokens, prefill of the last pass
         self._first: float | None = None
+        # called with (scheduled tokens, seconds, had prefill) as each pass closes
+        self.listener = None
         execute, propose = runner.execute_model, runner.propose_draft_token_ids
 
         def execute_model(scheduler_output, *args, **kwargs):
@@ -106,6 +108,8 @@ class PassMeter:
         if self._last is not None and self._counts is not None:
             start, tokens, prefill = self._last
             self._counts.samples.append((tokens, now - start, prefill))
+            if self.listener is not None:
+                self.listener(tokens, now - start, prefill)
         self._last = None
 
 

@@ -32,6 +32,8 @@ from typing import Any, Hashable, Sequence
 import numpy as np
 
 from pipeline.drafting.budget import DraftBudget
+from pipeline.drafting.calibration import conditional
+from pipeline.drafting.critical import CriticalBudget
 from pipeline.drafting.drafter import GroupDrafter
 
 CLASS_PATH = "pipeline.rollout.proposer.RhymeProposer"
@@ -86,12 +88,14 @@ class RhymeProposer:
         self._runner: Any = None
         self._prompt_lens: dict[str, int] = {}  # continued requests: original prompt length
         self.drafter: GroupDrafter | None = None
-        self.budget: DraftBudget | None = None
+        self.budget: DraftBudget | CriticalBudget | None = None
         self._active: dict[Hashable, None] = {}  # running requests, in start order
-        self._proposed: dict[Hashable, int] = {}  # req -> draft tokens handed out last pass
+        # req -> draft tokens handed out last pass (critical budget: their tree q's)
+        self._proposed: dict[Hashable, int | list[float]] = {}
         self.stats = ProposerStats()
 
-    def bind(self, runner: Any, drafter: GroupDrafter, budget: DraftBudget) -> None:
+    def bind(self, runner: Any, drafter: GroupDrafter,
+             budget: DraftBudget | CriticalBudget) -> None:
         self._runner, self.drafter, self.budget = runner, drafter, budget
 
     def continues(self, request_id: str, prompt_len: int) -> None:
@@ -136,11 +140,15 @@ class RhymeProposer:
         else:
             cand_rows, cand_ids, available = self._admit(
                 req_ids, lens, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, room)
-        # Budget first: in a full batch most requests get no draft tokens, and asking the
-        # trees only for the tokens granted keeps the drafter's cost where it pays.
-        alloc = budget.allocate_ids(cand_ids, available, batch_size=rows)
         out: list[list[int]] = [[] for _ in range(rows)]
         drafted = 0
+        if isinstance(budget, CriticalBudget):
+            drafted = self._propose_critical(req_ids, cand_rows, cand_ids, available, rows, out)
+            alloc = ()
+        else:
+            # Budget first: in a full batch most requests get no draft tokens, and asking
+            # the trees only for the tokens granted keeps the drafter's cost where it pays.
+            alloc = budget.allocate_ids(cand_ids, available, batch_size=rows)
         if any(alloc):
             proposed = self._proposed
             for j, k in enumerate(alloc):
@@ -159,6 +167,29 @@ class RhymeProposer:
         stats.drafted += drafted
         stats.propose_seconds += time.perf_counter() - start
         return out
+
+    def _propose_critical(self, req_ids, cand_rows, cand_ids, available, rows, out) -> int:
+        """The critical-path budget: ask it which requests may pay (by their predicted
+        remaining length), draft those, let it trim each draft to its paying prefix by the
+        calibrated per-token acceptance of the tree's path counts. Returns tokens drafted."""
+        drafter, budget, proposed = self.drafter, self.budget, self._proposed
+        asked = budget.ask(cand_ids, available, drafter.remaining(cand_ids), rows)
+        drafts, curves = [None] * len(asked), [()] * len(asked)
+        for j, k in enumerate(asked):
+            if k:
+                d = drafter.draft(cand_ids[j], k)
+                if d.token_ids:
+                    qs = conditional(d.probs)
+                    drafts[j], curves[j] = (d.token_ids, qs), budget.accept_curve(qs)
+        drafted = 0
+        for j, k in enumerate(budget.grant(curves)):
+            if k:
+                i = j if cand_rows is None else cand_rows[j]
+                tokens, qs = drafts[j]
+                out[i] = list(tokens[:k])
+                proposed[req_ids[i]] = qs[:k]
+                drafted += k
+        return drafted
 
     # -- lifecycle --------------------------------------------------------------------
     def end_step(self) -> None:
@@ -214,7 +245,7 @@ class RhymeProposer:
             hits = sorted((row[r], r) for r in proposed if r in row)
         for i, req_id in hits:
             k = proposed.pop(req_id)
-            accepted = min(lens[i] - 1, k)
+            accepted = min(lens[i] - 1, k if type(k) is int else len(k))
             stats.accepted += accepted
             self.budget.observe(req_id, k, accepted)
 
@@ -225,7 +256,8 @@ class RhymeProposer:
         self.budget.forget(req_id)
 
 
-def attach(runner: Any, drafter: GroupDrafter, budget: DraftBudget) -> RhymeProposer:
+def attach(runner: Any, drafter: GroupDrafter, budget: DraftBudget | CriticalBudget
+           ) -> RhymeProposer:
     """Bind the proposer vLLM built in `runner` (the in-process model runner) to the state.
 
     Raises TypeError when the engine was not built with `speculative_config(...)`.

@@ -67,13 +67,13 @@ class Drafting:
 
     def __init__(self, runner, spec: SpecConfig):
         from pipeline.rollout.proposer import attach
-        from pipeline.drafting.budget import DraftBudget
-        from pipeline.drafting.build import budget_config, drafter_config
+        from pipeline.drafting.build import drafter_config, make_budget
         from pipeline.drafting.drafter import GroupDrafter
 
         self.spec = spec
         self.drafter = GroupDrafter(drafter_config(spec))
-        self.proposer = attach(runner, self.drafter, DraftBudget(budget_config(spec)))
+        self.budget = make_budget(spec)
+        self.proposer = attach(runner, self.drafter, self.budget)
         # prompt hash -> the last K epochs' responses, oldest first
         self._epochs: dict[str, deque] = defaultdict(lambda: deque(maxlen=spec.history_epochs))
 
@@ -81,10 +81,20 @@ class Drafting:
         for ids in prompts:
             self.drafter.expect_group(ids, n)
 
+    def on_pass(self, tokens: int, seconds: float, prefill: bool) -> None:
+        """One pass measured by the engine's pass meter: decode passes refit the critical
+        budget's online cost model (prefill passes cost differently per token)."""
+        observe = getattr(self.budget, "observe_pass", None)
+        if observe is not None and not prefill:
+            observe(tokens, seconds)
+
+    def calibration(self) -> dict | None:
+        """The critical budget's calibration counts (`Calibrator.state()`), else None."""
+        cal = getattr(self.budget, "calibrator", None)
+        return None if cal is None else cal.state()
+
     def after(self) -> None:
-        """End of one `generate`. (The budget's cost model is not refitted from measured
-        passes: a linear refit over a full batch's small passes prices verification too
-        high on CPU, see `pipeline.costs.DRAFT_COST`.)"""
+        """End of one `generate`."""
         self.proposer.end_step()
 
     def remember(self, records: Sequence) -> None:

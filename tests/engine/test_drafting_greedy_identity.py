@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; else sized from host RAM minus RSS
@@ -29,7 +30,7 @@ def _greedy(llm, prompts):
                                                                use_tqdm=False)]
 
 
-def run_greedy_identity(model_dir) -> dict:
+def run_greedy_identity(model_dir, budget: str = "throughput") -> dict:
     from transformers import AutoTokenizer
 
     from pipeline.history.store import prompt_hash
@@ -49,8 +50,14 @@ def run_greedy_identity(model_dir) -> dict:
     llm = _llm(model_dir, speculative_config=speculative_config(8))
     runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
     drafter = GroupDrafter(DrafterConfig.for_method("history+group"))
-    proposer = attach(runner, drafter, DraftBudget(BudgetConfig(max_len=8)))
     meter = PassMeter(runner)
+    if budget == "critical":  # online cost from the pass meter, as the engine wires it
+        from pipeline.drafting.critical import CriticalBudget, CriticalConfig
+        drafts = CriticalBudget(CriticalConfig(max_len=8))
+        meter.listener = lambda tokens, s, prefill: prefill or drafts.observe_pass(tokens, s)
+    else:
+        drafts = DraftBudget(BudgetConfig(max_len=8))
+    proposer = attach(runner, drafter, drafts)
     rounds = []
     for _ in range(2):  # cold (siblings and self only), then with the first round as history
         meter.start()
@@ -64,8 +71,9 @@ def run_greedy_identity(model_dir) -> dict:
     return {"plain": plain, "rounds": rounds}
 
 
-def test_greedy_output_is_identical_with_history_and_sibling_drafts(tiny_model):
-    result = run_greedy_identity(tiny_model)
+@pytest.mark.parametrize("budget", ["throughput", "critical"])
+def test_greedy_output_is_identical_with_history_and_sibling_drafts(tiny_model, budget):
+    result = run_greedy_identity(tiny_model, budget)
     plain = result["plain"]
     (cold, cold_stats, _), (warm, warm_stats, warm_counts) = result["rounds"]
     assert cold == plain

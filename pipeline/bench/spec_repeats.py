@@ -1,0 +1,54 @@
+"""`rhymectl bench spec --repeats R`: the arithmetic over interleaved repeats.
+
+Each repeat runs every method once (A B C A B C ...), so the machine's slow drift (other
+processes, thermal state) lands on every method alike; ratios are taken within a repeat,
+then summarised. Per method: the median of every numeric field over the repeats, and for
+`rollout_s` and every ratio (`speedup` over none, `vs_suffix` = own rollout_s / suffix's,
+`drafter_frac`) also the per-repeat values (`KEY_runs`) and their min and max
+(`KEY_min`, `KEY_max`). Pure arithmetic.
+"""
+
+from __future__ import annotations
+
+from statistics import median
+from typing import Sequence
+
+SPREAD_KEYS = ("rollout_s", "speedup", "vs_suffix", "drafter_frac")
+REFERENCE = "suffix"
+
+
+def with_vs_suffix(summary: dict[str, dict]) -> dict[str, dict]:
+    """One repeat's summary with `vs_suffix` per method (None without a suffix run)."""
+    ref = summary.get(REFERENCE, {}).get("rollout_s")
+    return {name: {**m, "vs_suffix": round(m["rollout_s"] / ref, 4) if ref else None}
+            for name, m in summary.items()}
+
+
+def aggregate(repeats: Sequence[dict[str, dict]]) -> dict[str, dict]:
+    """Median (and runs, min, max for SPREAD_KEYS) over repeats of `summarize` output."""
+    if not repeats:
+        raise ValueError("no repeats to aggregate")
+    repeats = [with_vs_suffix(r) for r in repeats]
+    out: dict[str, dict] = {}
+    for name in repeats[0]:
+        runs = [r[name] for r in repeats]
+        merged: dict = {"repeats": len(runs)}
+        for key, first in runs[0].items():
+            values = [m[key] for m in runs]
+            if key == "identical":
+                merged[key] = None if first is None else all(values)
+            elif isinstance(first, bool) or not isinstance(first, (int, float)) \
+                    or any(v is None for v in values):
+                merged[key] = first
+            else:
+                med = median(values)
+                merged[key] = round(med, 4) if isinstance(med, float) else med
+                if key in SPREAD_KEYS:
+                    merged[f"{key}_runs"] = values
+                    merged[f"{key}_min"] = min(values)
+                    merged[f"{key}_max"] = max(values)
+        out[name] = merged
+    return out
+
+
+__all__ = ["REFERENCE", "SPREAD_KEYS", "aggregate", "with_vs_suffix"]
