@@ -54,7 +54,7 @@ def reward(prompt: str, response: str, answer: str) -> float:
 
 def context(engine, k: int, temperature: float = 0.7):
     cfg = load_config(REPO_CONFIG, [f"run.eval_n={k}", f"rollout.temperature={temperature}"])
-    return SimpleNamespace(cfg=cfg, rank=0, world_size=1, engine=engine,
+    return SimpleNamespace(cfg=cfg, rank=0, world_size=1, tp=None, engine=engine,
                            tokenizer=CharTokenizer(), reward_fn=reward)
 
 
