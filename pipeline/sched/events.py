@@ -26,46 +26,25 @@ from typing import Sequence
 
 from pipeline.costs import bubble_ratio, tail_s
 from pipeline.sched.simulator import SimConfig, SimResult, ideal_s
+from pipeline.sched.simulator import _Cluster as Workers
 from pipeline.sched.types import Chunk, Dispatcher, GroupWork, Placement, check_workers
 
 EPS = 1e-9
 
 
-class _Cluster:
-    """Workers as `pipeline.sched.types.Cluster`, with loads and a least-loaded heap."""
+class _Cluster(Workers):
+    """The simulator's workers, plus a worker set per load (the candidates for boundary
+    events) and the set of workers whose load changed since the last event."""
 
     def __init__(self, sim: "_Events", workers: int, capacity: int):
-        self.sim, self.workers, self.capacity = sim, workers, capacity
-        self.loads = [0] * workers
-        self.heap = [(0, w) for w in range(workers)]
+        super().__init__(sim, workers, capacity)
         self.by_load: list[set[int]] = [set() for _ in range(capacity + 1)]
         self.by_load[0].update(range(workers))
 
-    def load(self, worker: int) -> int:
-        return self.loads[worker]
-
-    def least_loaded(self) -> int | None:
-        heap, loads = self.heap, self.loads
-        while heap:
-            load, w = heap[0]
-            if load == loads[w] and load < self.capacity:
-                return w
-            heapq.heappop(heap)
-        return None
-
-    def assign(self, worker: int, chunk: Chunk) -> None:
-        if self.loads[worker] >= self.capacity:
-            raise RuntimeError(f"worker {worker} is full ({self.capacity} requests); the "
-                               f"policy assigned {chunk} to it anyway")
-        self.sim.admit(worker, chunk)
-        self.changed(worker, +1)
-
     def changed(self, worker: int, delta: int) -> None:
         self.by_load[self.loads[worker]].discard(worker)
-        self.loads[worker] += delta
+        super().changed(worker, delta)
         self.by_load[self.loads[worker]].add(worker)
-        if self.loads[worker] < self.capacity:
-            heapq.heappush(self.heap, (self.loads[worker], worker))
         self.sim.touched.add(worker)
 
 
