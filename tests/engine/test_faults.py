@@ -147,7 +147,10 @@ def _garble_line(path: Path, index: int) -> None:
 
 def _other_run_eval(path: Path) -> None:
     rows = [json.loads(line) for line in path.read_text().splitlines()]
-    path.write_text("".join(json.dumps({**r, "accuracy": 1.0 - r["accuracy"]}) + "\n"
+    # Another run's rows: same steps, other values (a flipped accuracy alone can be a no-op
+    # at 0.5), and one more key, so the bytes always differ.
+    path.write_text("".join(json.dumps({"run": "other", **r, "accuracy": 1.0 - r["accuracy"],
+                                        "reward_mean": r["reward_mean"] / 2}) + "\n"
                             for r in rows))
 
 
