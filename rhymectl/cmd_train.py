@@ -37,7 +37,10 @@ def train(
     import os
 
     cfg = load_config(config, extra)
-    facts = preflight(cfg, world_size=int(os.environ.get("WORLD_SIZE", nproc)))
+    if nproc > 1:  # this process starts the ranks: its own environment does not describe them
+        facts = preflight(cfg, world_size=nproc, local_world=nproc)
+    else:
+        facts = preflight(cfg, world_size=int(os.environ.get("WORLD_SIZE", 1)))
     if dry_run:
         if json_out:
             emit_json({"config": to_dict(cfg), "checks": facts})

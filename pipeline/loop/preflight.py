@@ -20,10 +20,11 @@ from pipeline.tasks.math_rewards import REWARDS
 from pipeline.tasks.prompts import train_rows
 
 
-def preflight(cfg: Config, world_size: int) -> dict:
+def preflight(cfg: Config, world_size: int, local_world: int | None = None) -> dict:
     """Run every check; raise one UsageError listing every problem found (checks that need
     a model directory or data set that failed are skipped); else return facts worth
-    printing."""
+    printing. `local_world`: ranks per node when the caller is about to start them itself
+    (`train --nproc N`); else torchrun's LOCAL_WORLD_SIZE."""
     problems: list[str] = []
 
     def attempt(check, *args):
@@ -36,7 +37,7 @@ def preflight(cfg: Config, world_size: int) -> dict:
     for problem in world_problems(cfg, world_size):
         problems.append(problem)
     attempt(check_vllm, cfg.rollout.allow_untested_vllm)
-    attempt(check_tp, cfg, world_size)
+    attempt(check_tp, cfg, world_size, local_world)
     attempt(loggers.check, cfg.run.loggers)
     model_dir = attempt(check_model_dir, cfg.model.path)
     dataset = attempt(train_rows, cfg.data)
@@ -70,9 +71,9 @@ def world_problems(cfg: Config, world_size: int) -> list[str]:
             if value % world_size]
 
 
-def check_tp(cfg: Config, world_size: int) -> None:
+def check_tp(cfg: Config, world_size: int, local_world: int | None = None) -> None:
     """The TP groups against the ranks (LOCAL_WORLD_SIZE under torchrun) and the batch."""
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    local = local_world or int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     tp_groups.check(cfg.rollout.tensor_parallel_size, world_size, local,
                     cfg.data.train_batch_size, cfg.train.ppo_mini_batch_size)
 
