@@ -11,10 +11,10 @@ before e, exactly what the training run had seen at that point.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from pipeline.config import Config
+from pipeline.config import Config, ConfigError, load_config
 from pipeline.errors import UsageError
 from pipeline.history.store import HistoryStore
 from pipeline.loop.batches import PromptSource
@@ -100,10 +100,21 @@ def _check_same_run(plan: Plan) -> None:
     except (OSError, ValueError):
         raise UsageError(f"--run-dir {plan.run_dir} holds no readable run.json; choose another "
                          f"directory") from None
-    if old.get("config") != config_fingerprint(plan.cfg):
+    if old.get("config") != config_fingerprint(plan.cfg) and not _same_but_spec(plan):
         raise UsageError(f"--run-dir {plan.run_dir} holds a run with another config (fingerprint "
                          f"{old.get('config')}, this one {config_fingerprint(plan.cfg)}); pass "
                          f"the same CONFIG and overrides, or another --run-dir")
+
+
+def _same_but_spec(plan: Plan) -> bool:
+    """True when the run differs from the bench's config only in `spec`: speculation never
+    changes what is learned, and the bench measures every method with the `spec` settings
+    it is given, so a run trained with another budget or draft cap still serves."""
+    try:
+        run_cfg = load_config(plan.run_dir / "config.yaml")
+    except (OSError, ConfigError):
+        return False
+    return config_fingerprint(replace(run_cfg, spec=plan.cfg.spec)) == config_fingerprint(plan.cfg)
 
 
 __all__ = ["Plan", "ensure_trained", "make_plan", "missing_epochs"]
