@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import heapq
 import math
-from itertools import count
 from typing import Sequence
 
 from pipeline.costs import bubble_ratio, tail_s
-from pipeline.sched.simulator import SimConfig, SimResult, ideal_s
+from pipeline.sched.simulator import SimConfig, SimResult, _Fluid, ideal_s
 from pipeline.sched.simulator import _Cluster as Workers
 from pipeline.sched.types import Chunk, Dispatcher, GroupWork, Placement, check_workers
 
@@ -48,15 +47,15 @@ class _Cluster(Workers):
         self.sim.touched.add(worker)
 
 
-class _Events:
+class _Events(_Fluid):
+    """running[w]: the worker's requests (a dict, in admission order)."""
+
+    cluster_type = _Cluster
+
     def __init__(self, groups: Sequence[GroupWork], config: SimConfig, dispatcher: Dispatcher):
-        self.cost, self.prompt_tokens, self.d = config.cost, config.prompt_tokens, dispatcher
-        self.offset = [0]
-        for g in groups:
-            self.offset.append(self.offset[-1] + g.n)
-        self.length = [length for g in groups for length in g.lengths]
+        self.d = dispatcher
+        super().__init__(groups, config)
         n, w = len(self.length), config.workers
-        self.generated, self.last_worker, self.finish = [0] * n, [-1] * n, [math.nan] * n
         # the running chunk of each request: its worker's virtual clock and the request's
         # generated tokens when it was placed, its grid step, the Chunk, its admission order
         self.v0, self.g0, self.step = [0.0] * n, [0] * n, [0] * n
@@ -65,29 +64,12 @@ class _Events:
         # end_id: which entry of its worker's completion heap is the request's current one;
         # left_v: the worker's virtual clock when the request last stopped at a boundary
         self.end_id, self.left_v = [0] * n, [math.nan] * n
-        self.rates = [0.0] + [self.cost.rate(b) for b in range(1, config.capacity + 1)]
-        self.clock_t, self.clock_v = [0.0] * w, [0.0] * w
         self.running: list[dict[int, None]] = [{} for _ in range(w)]  # rid, in admission order
         self.ends: list[list] = [[] for _ in range(w)]  # heaps (v_end, seq, rid), stale skipped
         self.target_v = [math.inf] * w
         self.movers = [0] * w  # running requests a boundary could move
         self.next_v: list[float | None] = [None] * w  # cached next_boundary (None: unknown)
-        self.version = [0] * w
-        self.timelines: list[list] = [[] for _ in range(w)]
-        self.events: list[tuple[float, int, int]] = []
-        self.cluster = _Cluster(self, w, config.capacity)
-        self.seq, self.now, self.touched, self.migrations = count(), 0.0, set(), 0
         self.gap = dispatcher.quiet_gap
-
-    # --- the fluid model (as in the old simulator) ---------------------------------------
-    def sync(self, w: int, now: float) -> None:
-        t = self.clock_t[w]
-        if now > t:
-            b = len(self.running[w])
-            if b:
-                self.clock_v[w] += (now - t) * self.rates[b]
-                self.timelines[w].append((t, now, b))
-            self.clock_t[w] = now
 
     def admit(self, w: int, chunk: Chunk) -> None:
         group, sample = chunk.request
@@ -103,13 +85,7 @@ class _Events:
                 self.movers[w] += 1
                 self._first_boundary(w, rid)
             return
-        prefill = self.prompt_tokens if last < 0 else (self.prompt_tokens + done if last != w else 0)
-        self.migrations += 0 <= last != w
-        if prefill:
-            t, delay = self.clock_t[w], prefill * self.cost.per_token_s
-            self.timelines[w].append((t, t + delay, len(self.running[w]) + 1))
-            self.clock_t[w] = t + delay
-        self.last_worker[rid] = w
+        self.place(w, rid)
         v = self.clock_v[w]
         self.v0[rid], self.g0[rid], self.chunk[rid] = v, done, chunk
         self.step[rid] = chunk.budget or 0

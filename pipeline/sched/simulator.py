@@ -120,8 +120,12 @@ class _Cluster:
             heapq.heappush(self.heap, (self.loads[worker], worker))
 
 
-class _Step:
-    """The event loop: per-worker virtual token clocks and one global event heap."""
+class _Fluid:
+    """The fluid model both simulators share: per-worker virtual token clocks advanced at
+    the batch's token rate, timelines of (start, end, batch) segments, prefill charged
+    when a request is placed on a worker that lacks its KV cache."""
+
+    cluster_type: type = None  # set below: the workers' load bookkeeping
 
     def __init__(self, groups: Sequence[GroupWork], config: SimConfig):
         self.cost, self.prompt_tokens = config.cost, config.prompt_tokens
@@ -130,15 +134,14 @@ class _Step:
             self.offset.append(self.offset[-1] + g.n)
         self.length = [length for g in groups for length in g.lengths]
         n, w = len(self.length), config.workers
-        self.generated, self.last_worker = [0] * n, [-1] * n
-        self.finish = [math.nan] * n
+        self.generated, self.last_worker, self.finish = [0] * n, [-1] * n, [math.nan] * n
         self.rates = [0.0] + [self.cost.rate(b) for b in range(1, config.capacity + 1)]
         self.clock_t, self.clock_v = [0.0] * w, [0.0] * w
-        self.running: list[list] = [[] for _ in range(w)]  # heaps of (v_end, seq, rid, tokens, chunk)
+        self.running: list = [[] for _ in range(w)]
         self.version = [0] * w
         self.timelines: list[list[Segment]] = [[] for _ in range(w)]
         self.events: list[tuple[float, int, int]] = []
-        self.cluster = _Cluster(self, w, config.capacity)
+        self.cluster = self.cluster_type(self, w, config.capacity)
         self.seq, self.now, self.touched, self.migrations = count(), 0.0, set(), 0
 
     def sync(self, w: int, now: float) -> None:
@@ -150,14 +153,10 @@ class _Step:
                 self.timelines[w].append((t, now, b))
             self.clock_t[w] = now
 
-    def admit(self, w: int, chunk: Chunk) -> None:
-        self.sync(w, self.now)
-        group, sample = chunk.request
-        rid = self.offset[group] + sample
+    def place(self, w: int, rid: int) -> None:
+        """Request `rid` starts (or resumes) on worker `w`: charge its prefill there unless
+        the worker holds its KV cache, and count a migration."""
         done, last = self.generated[rid], self.last_worker[rid]
-        tokens = self.length[rid] - done
-        if chunk.budget is not None:
-            tokens = min(tokens, chunk.budget)
         prefill = self.prompt_tokens if last < 0 else (self.prompt_tokens + done if last != w else 0)
         self.migrations += 0 <= last != w
         if prefill:
@@ -165,6 +164,22 @@ class _Step:
             self.timelines[w].append((t, t + delay, len(self.running[w]) + 1))
             self.clock_t[w] = t + delay
         self.last_worker[rid] = w
+
+
+class _Step(_Fluid):
+    """The event loop: per-worker virtual token clocks and one global event heap.
+    running[w]: a heap of (v_end, seq, rid, tokens, chunk)."""
+
+    cluster_type = _Cluster
+
+    def admit(self, w: int, chunk: Chunk) -> None:
+        self.sync(w, self.now)
+        group, sample = chunk.request
+        rid = self.offset[group] + sample
+        tokens = self.length[rid] - self.generated[rid]
+        if chunk.budget is not None:
+            tokens = min(tokens, chunk.budget)
+        self.place(w, rid)
         heapq.heappush(self.running[w], (self.clock_v[w] + tokens, next(self.seq), rid, tokens, chunk))
         self.touched.add(w)
 
