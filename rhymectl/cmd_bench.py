@@ -157,6 +157,10 @@ def _render_spec(result: dict) -> None:
                       f"{m['drafter_frac']:.1%}", same)
     out.print(table)
     for name, m in result["methods"].items():
+        if m.get("draft_sources"):
+            shares = ", ".join(f"{k} tree {v:.0%}" for k, v in m["draft_sources"].items())
+            out.print(f"{name}: drafts served by the {shares}", markup=False)
+    for name, m in result["methods"].items():
         if m.get("calibration"):
             cal = Table(title=f"{name}: calibration of per-token acceptance (tree path counts)")
             for column in ("tree q", "tokens tested", "predicted", "observed"):

@@ -72,6 +72,7 @@ class MethodResult:
     samples: list = field(default_factory=list)
     outputs: list = field(default_factory=list)  # token ids per request, in order
     calibration: dict | None = None  # the critical budget's `Calibrator.state()`
+    sources: dict | None = None  # rhymectl's drafter: drafts served per tree
 
     def add(self, counts, seconds: float, groups) -> None:
         self.rollout_s += seconds
@@ -168,6 +169,7 @@ def run_method(plan: Plan, method: str, work: list[EpochWork], advance,
                 advance()
         if engine.drafting is not None:
             result.calibration = engine.drafting.calibration()
+            result.sources = engine.drafting.sources()
     finally:
         del engine
         gc.collect()
@@ -229,6 +231,9 @@ def summarize(results: dict[str, MethodResult], temperature: float) -> dict[str,
             "pass_base_ms": round(cost.base_s * 1e3, 3),
             "pass_per_token_ms": round(cost.per_token_s * 1e3, 5),
         }
+        if r.sources:
+            total = sum(r.sources.values()) or 1
+            out[name]["draft_sources"] = {k: round(v / total, 4) for k, v in r.sources.items()}
     return out
 
 

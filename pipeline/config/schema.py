@@ -87,10 +87,12 @@ class SpecConfig:
     min_path_prob: float = fraction(0.1)  # cut drafts where the path probability falls below
     reward_weighted: bool = False  # RhymeRL's reward-aware tree
     max_cached_prompts: int = positive(4096)  # trees kept outside the current batch
-    # throughput: per-pass E/T with a fixed cost (measured the better on this CPU so far);
+    # tree: every request drafts what its trees support (path probability >= min_path_prob,
+    # at most match length tokens), up to num_speculative_tokens, as SuffixDecoding does;
+    # throughput: per-pass E/T with a fixed cost and per-request adaptive caps;
     # critical: shorten the step's critical path, per-token acceptance from the trees'
-    # path counts, online pass cost (docs/speculation.md)
-    budget: Literal["critical", "throughput"] = "throughput"
+    # path counts, online pass cost. Measured in docs/speculation.md.
+    budget: Literal["tree", "critical", "throughput"] = "tree"
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,7 @@ Two rules, one per scale:
   (E: expected tokens emitted, T: pass seconds). Tokens are added greedily by decreasing
   g while that holds. With a full batch E / T is high and only near-certain drafts pass;
   in the long tail, with few sequences, T is almost all `base_s` and drafts up to the cap
-  pay off. A request whose predicted length is below `short_request_tokens` gets none
-  (DAS: short requests finish anyway and never set the makespan).
+  pay off.
 
 The probability that draft token j (1-based) of request i is accepted is estimated as
 alpha_i ** j, alpha_i being the request's running per-token acceptance rate: a decayed
@@ -39,7 +38,6 @@ class BudgetConfig:
     max_len: int = 16
     start_len: int = 2
     min_len: int = 1
-    short_request_tokens: int = 0  # 0: never off for short requests
     prior_accept: float = 0.5
     prior_weight: float = 2.0  # pseudo-trials behind the prior of a request's rate
     decay: float = 0.9  # per observation, for a request's rate
@@ -62,19 +60,6 @@ class _State:
     cap: int
     accepted: float = 0.0  # decayed accepted draft tokens
     tried: float = 0.0  # decayed accepted + rejected draft tokens
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A request that could draft this pass.
-
-    available: tokens the drafter can offer (already within the request's cap);
-    predicted_len: expected total response length in tokens, if known.
-    """
-
-    req_id: Hashable
-    available: int
-    predicted_len: int | None = None
 
 
 class DraftBudget:
@@ -126,23 +111,12 @@ class DraftBudget:
         return s
 
     # -- per pass ---------------------------------------------------------------------
-    def allocate(self, candidates: Sequence[Candidate], batch_size: int | None = None,
-                 extra_tokens: int = 0) -> list[int]:
-        """Draft tokens per candidate for the next pass, in candidate order.
-
-        batch_size: sequences in the pass (defaults to len(candidates)); each emits at
-        least one token. extra_tokens: other scheduled tokens (prefill chunks).
-        """
-        short = self.config.short_request_tokens
-        available = [0 if short and cand.predicted_len is not None
-                     and cand.predicted_len < short else cand.available
-                     for cand in candidates]
-        return self.allocate_ids([cand.req_id for cand in candidates], available,
-                                 batch_size, extra_tokens)
-
     def allocate_ids(self, req_ids: Sequence[Hashable], available: Sequence[int],
                      batch_size: int | None = None, extra_tokens: int = 0) -> list[int]:
-        """`allocate` for candidates given as parallel lists (no predicted lengths).
+        """Draft tokens per request for the next pass, in order. available: tokens the
+        drafter can offer each; batch_size: sequences in the pass (defaults to
+        len(req_ids)), each emits at least one token; extra_tokens: other scheduled
+        tokens (prefill chunks).
 
         The marginal-benefit test of a request's first token is the easiest it ever
         faces: E / T only grows as tokens are granted. So only requests whose first token
@@ -242,4 +216,4 @@ class DraftBudget:
         return alloc
 
 
-__all__ = ["BudgetConfig", "Candidate", "DraftBudget"]
+__all__ = ["BudgetConfig", "DraftBudget"]

@@ -142,6 +142,7 @@ class LiveSet:
         if self.siblings:
             # the prompt-tree sequence starts at the prompt's last max_depth tokens
             req.local_pos = max(0, n_prompt - self.max_depth)
+            req.pending = req.end - 1 if output else req.end
             if self.to_global:
                 req.global_pos = n_prompt
                 if output:
@@ -174,6 +175,7 @@ class LiveSet:
             if toks:
                 if req is None:
                     raise KeyError(req_id)
+                req.pending = req.base + len(req.tokens)
                 req.tokens += toks
                 unsent[req] = None
 

@@ -74,6 +74,7 @@ class Drafting:
         self.drafter = GroupDrafter(drafter_config(spec))
         self.budget = make_budget(spec)
         self.proposer = attach(runner, self.drafter, self.budget)
+        self._sources_seen: dict[str, int] = {}  # drafter.sources() at the last stats()
         # prompt hash -> the last K epochs' responses, oldest first
         self._epochs: dict[str, deque] = defaultdict(lambda: deque(maxlen=spec.history_epochs))
 
@@ -127,8 +128,22 @@ class Drafting:
             self.drafter.set_history(key, [r for _, rs in window for r in rs])
         return len(responses)
 
+    def sources(self) -> dict[str, int]:
+        """Drafts served by each tree (prompt, own, global) since the engine started."""
+        return self.drafter.sources()
+
     def stats(self) -> dict[str, float]:
-        """What only rhymectl's drafter knows (tau and acceptance come from the engine's
-        pass meter, the same for every method)."""
-        self.proposer.reset_stats()
-        return {"spec_history_prompts": sum(1 for w in self._epochs.values() if w)}
+        """What only rhymectl's drafter knows, since the last call: prompts with history,
+        draft tokens it proposed and vLLM accepted, and the share of drafts each tree
+        served (tau and acceptance rate come from the engine's pass meter, the same for
+        every method)."""
+        p = self.proposer.reset_stats()
+        now = self.sources()
+        new = {k: v - self._sources_seen.get(k, 0) for k, v in now.items()}
+        self._sources_seen = now
+        total = sum(new.values())
+        out = {"spec_history_prompts": sum(1 for w in self._epochs.values() if w),
+               "spec_drafted_tokens": p.drafted, "spec_accepted_tokens": p.accepted}
+        for k, v in new.items():
+            out[f"spec_source_{k}"] = round(v / total, 4) if total else 0.0
+        return out

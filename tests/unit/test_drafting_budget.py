@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.costs import CostModel
-from pipeline.drafting.budget import BudgetConfig, Candidate, DraftBudget
+from pipeline.drafting.budget import BudgetConfig, DraftBudget
 
 UNIT = CostModel(base_s=1.0, per_token_s=1.0)  # a pass costs 1 + scheduled tokens
 
@@ -63,27 +63,32 @@ def test_marginal_benefit_hand_computed_single_sequence():
     # +0.729 : 0.729*4 = 2.916 > 2.71   -> E=3.439, T=5
     # +0.6561: 0.6561*5 = 3.28 < 3.439  -> stop at 3
     b = budget(prior_accept=0.9, max_len=16, start_len=16, cost=UNIT)
-    assert b.allocate([Candidate("r", 16)]) == [3]
+    assert b.allocate_ids(["r"], [16]) == [3]
 
 
 def test_marginal_benefit_stops_at_break_even():
     b = budget(prior_accept=0.5, start_len=8, cost=UNIT)
-    assert b.allocate([Candidate("r", 8)]) == [0]  # 0.5 * 2 == 1: no gain, no draft
+    assert b.allocate_ids(["r"], [8]) == [0]  # 0.5 * 2 == 1: no gain, no draft
 
 
 def test_full_batch_gets_little_speculation_and_the_tail_much():
     slow = CostModel(base_s=0.018, per_token_s=0.0002)  # 18 ms + 0.2 ms/token
     cfg = dict(prior_accept=0.7, max_len=16, start_len=16, cost=slow)
     b = budget(**cfg)
-    full = [Candidate(k, 16) for k in range(256)]
+    full = [(k, 16) for k in range(256)]
     # E/T = 256 / 69.2 ms: a token pays only if alpha^j > 0.2 * 256 / 69.2 = 0.74
-    assert sum(b.allocate(full)) == 0
-    tail = [Candidate(k, 16) for k in range(4)]
-    assert budget(**cfg).allocate(tail) == [6, 6, 6, 6]
+    assert sum(allocate(b, full)) == 0
+    tail = [(k, 16) for k in range(4)]
+    assert allocate(budget(**cfg), tail) == [6, 6, 6, 6]
     # One sequence (ms): E=1, T=18.2; token j pays while 0.7^j * T > 0.2 * E:
     # j=1 12.74 > 0.20, ..., j=9 0.0404*19.8 = 0.80 > 0.64 (E=3.24), j=10 0.565 < 0.648
-    assert budget(**cfg).allocate([Candidate("x", 16)]) == [9]
+    assert allocate(budget(**cfg), [("x", 16)]) == [9]
     assert _greedy_reference(0.7, 1, 16, slow) == 9
+
+
+def allocate(b: DraftBudget, candidates, **kw) -> list[int]:
+    """`allocate_ids` for (request id, available tokens) pairs."""
+    return b.allocate_ids([c[0] for c in candidates], [c[1] for c in candidates], **kw)
 
 
 def _greedy_reference(alpha: float, n: int, cap: int, cost: CostModel) -> int:
@@ -103,25 +108,18 @@ def test_tokens_go_to_the_requests_most_likely_to_accept():
         b.observe("good", 4, 4)
         b.observe("bad", 4, 0)
     b._get("good").cap = b._get("bad").cap = 4
-    alloc = b.allocate([Candidate("bad", 4), Candidate("good", 4)], batch_size=2)
+    alloc = allocate(b, [("bad", 4), ("good", 4)], batch_size=2)
     assert alloc[0] == 0 and alloc[1] > 0
 
 
 def test_allocation_respects_cap_and_available_tokens():
     b = budget(prior_accept=0.99, start_len=2, cost=CostModel(1.0, 0.001))
-    assert b.allocate([Candidate("a", 8), Candidate("b", 1), Candidate("c", 0)]) == [2, 1, 0]
-
-
-def test_short_requests_get_no_drafts():
-    b = budget(prior_accept=0.99, start_len=4, short_request_tokens=64, cost=CostModel(1.0, 0.001))
-    cands = [Candidate("short", 4, predicted_len=20), Candidate("long", 4, predicted_len=400),
-             Candidate("unknown", 4)]
-    assert b.allocate(cands) == [0, 4, 4]
+    assert allocate(b, [("a", 8), ("b", 1), ("c", 0)]) == [2, 1, 0]
 
 
 def test_batch_unaware_mode_returns_the_caps():
     b = budget(prior_accept=0.1, start_len=4, batch_aware=False)
-    assert b.allocate([Candidate(k, 8) for k in range(300)]) == [4] * 300
+    assert allocate(b, [(k, 8) for k in range(300)]) == [4] * 300
 
 
 # ---------------------------------------------------------------- from the config tree
@@ -139,6 +137,28 @@ def test_spec_config_maps_to_drafter_and_budget():
     assert (b.max_len, b.start_len, b.min_len) == (1, 1, 1)
     with pytest.raises(ValueError, match="expected one of"):
         drafter_config(SpecConfig(method="ngram"))
+
+
+@pytest.mark.parametrize("rows", [1, 128, 1024])
+def test_tree_budget_grants_every_request_its_cap_at_any_batch_size(rows):
+    """The default `tree` budget: each request may draft up to num_speculative_tokens in
+    every pass, however full the batch and whatever was rejected before; the drafter's
+    path-probability cut decides the length."""
+    from pipeline.config.schema import SpecConfig
+    from pipeline.drafting.build import make_budget
+
+    spec = SpecConfig(method="history+group", num_speculative_tokens=8)
+    assert spec.budget == "tree"
+    b = make_budget(spec)
+    ids = list(range(rows))
+    available = [8, 3, 0, 20] * (rows // 4) if rows >= 4 else [8]
+    assert b.allocate_ids(ids[:len(available)], available) == [min(a, 8) for a in available]
+    b.observe(0, 8, 0)  # a fully rejected draft does not shrink the cap
+    assert b.allocate_ids([0], [8], batch_size=rows) == [8]
+    # the throughput budget, by contrast, grants a full batch little
+    throughput = make_budget(SpecConfig(method="history+group", budget="throughput"))
+    if rows >= 128:
+        assert sum(throughput.allocate_ids(ids, [8] * rows)) < 8 * rows
 
 
 # ---------------------------------------------------------------- fast path
@@ -182,4 +202,4 @@ def test_a_run_of_rejections_never_shuts_speculation_off_for_good():
     for i in range(2000):
         b.observe(f"old{i}", 4, 0)
     assert b.overall_acceptance() == pytest.approx(0.3)
-    assert sum(b.allocate([Candidate(k, 4) for k in range(8)])) > 0
+    assert sum(allocate(b, [(k, 4) for k in range(8)])) > 0

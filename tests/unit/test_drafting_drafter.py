@@ -109,9 +109,10 @@ def test_sibling_tokens_are_drafted_and_dropped_when_the_group_ends():
     d.start("a", P, [1])
     d.append("a", [2, 3, 4, 5])
     d.start("b", P, [1])
-    assert d.draft("b", 8).token_ids == [2, 3, 4, 5]
+    assert d.draft("b", 8).token_ids == []  # a's newest pass is held back
     d.append("a", [6])
-    d.finish("a")  # finished: stays in the tree while its group runs
+    assert d.draft("b", 8).token_ids == [2, 3, 4, 5]
+    d.finish("a")  # finished: in the tree whole while its group runs
     assert d.draft("b", 8).token_ids == [2, 3, 4, 5, 6]
     d.finish("b")  # group over: live responses dropped
     d.start("c", P, [1])
@@ -148,10 +149,10 @@ def test_preempted_request_resumes_with_its_output():
     d.finish("a")  # preempted
     d.start("a", P, [1, 2, 3, 4])  # resumed with its output so far
     d.append("a", [5])
-    # b's own sequence ends at the context (1 count of 2); were a's pre-preemption
-    # sequence still there, it would add a branch ending after 3: [2/3, 2/3, 1/3, 1/3]
+    # a enters up to its previous pass (1 2 3 4); were its pre-preemption sequence
+    # (1 2 3) still there, it would add a branch ending after 3: [1, 1, 0.5]
     draft = d.draft("b", 8)
-    assert draft.token_ids == [2, 3, 4, 5] and draft.probs == pytest.approx([0.5] * 4)
+    assert draft.token_ids == [2, 3, 4] and draft.probs == pytest.approx([1.0] * 3)
     with pytest.raises(ValueError, match="already running"):
         d.start("a", P, [])
 
@@ -178,15 +179,19 @@ def test_own_newest_tokens_do_not_dilute_the_own_tree():
     assert draft.token_ids[:2] == [3, 1] and draft.probs[:2] == pytest.approx([1.0, 1.0])
 
 
-def test_a_sibling_one_pass_ahead_is_visible_at_once():
+def test_running_siblings_enter_the_tree_up_to_their_previous_pass():
+    """A running sibling's newest tokens are held back (it would end where the drafting
+    request's context ends: a count with no continuation); a finished one enters whole."""
     d = drafter(use_history=False, use_global=False)
     d.start("a", P, [1])
     d.start("b", P, [])
-    assert d.draft("b", 4).token_ids == [1]
     d.append("a", [2])
-    d.append("b", [1])
-    draft = d.draft("b", 4)  # b's own sequence ends here too: one count without continuation
-    assert draft.token_ids == [2] and draft.probs == pytest.approx([0.5])
+    d.append("a", [3])  # a: 1 2 | 3 (the last pass held back)
+    d.append("b", [1])  # b: its own sequence held back to the prompt
+    draft = d.draft("b", 4)
+    assert draft.token_ids == [2] and draft.probs == pytest.approx([1.0])  # no dilution
+    d.finish("a")
+    assert d.draft("b", 4).token_ids == [2, 3]
 
 
 def test_for_method_rejects_unknown_names():
@@ -313,6 +318,20 @@ def test_stats_report_history_and_memory():
     assert s.tree_bytes > 0
 
 
+def test_sources_count_which_tree_served_each_draft():
+    """A request of a prompt with history drafts from its prompt tree; a request of a new
+    prompt whose output matches another prompt's history drafts from the global tree."""
+    d = drafter()
+    d.set_history(prompt_hash(P), hist([1, 2, 3, 4, 5]))
+    d.start("p", P, [1, 2])
+    d.start("q", Q, [2, 3])  # Q has no history: only the global tree knows 3 -> 4 -> 5
+    assert d.draft("p", 3).token_ids == [3, 4, 5]
+    assert d.draft("q", 2).token_ids == [4, 5]
+    d.draft("p", 0)  # asked for nothing: no draft, not counted
+    assert d.sources() == {"prompt": 1, "own": 0, "global": 1}
+    assert d.stats().wins == d.sources() and d.stats().drafts == 2
+
+
 def test_history_from_read_only_arrays():
     """The history index hands out read-only views of Arrow buffers; the C++ tree must
     still accept them (nanobind refuses read-only arrays unless they are copied)."""
@@ -363,12 +382,13 @@ def test_append_many_is_append_per_request():
     for d in (d1, d2):
         d.start("a", P, [1])
         d.start("b", P, [1])
-    d1.append_many(["a", "b"], [[2, 3], np.asarray([2], dtype=np.int64)])
-    d2.append("a", [2, 3])
+    d1.append_many(["a", "b"], [[2, 3, 4], np.asarray([2], dtype=np.int64)])
+    d1.append_many(["a", "b"], [[5], []])  # b emitted nothing: nothing changes for it
+    d2.append("a", [2, 3, 4])
     d2.append("b", (2,))
-    d1.append_many(["b"], [[]])  # nothing emitted: nothing changes
+    d2.append("a", [5])
     assert d1.draft("b", 4) == d2.draft("b", 4)
-    assert d1.draft("b", 4).token_ids == [3]
+    assert d1.draft("b", 4).token_ids == [3, 4]  # a's last pass (5) is held back
 
 
 def test_live_set_groups_and_global_queue():

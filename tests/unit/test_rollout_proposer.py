@@ -122,8 +122,10 @@ def test_partial_prefill_rows_get_no_draft_and_siblings_share_tokens():
     batch.add("a", P)
     batch.add("b", P)
     assert step(proposer, batch, {"a": [1]}) == [[], []]  # b still prefilling
-    assert step(proposer, batch, {"a": [2], "b": [1]}) == [[], [2]]  # b drafts a's token
-    out = step(proposer, batch, {"a": [3], "b": [2]})
+    assert step(proposer, batch, {"a": [2]}) == [[], []]
+    # b drafts a's tokens up to a's previous pass (its newest, 3, is held back)
+    assert step(proposer, batch, {"a": [3], "b": [1]}) == [[], [2]]
+    out = step(proposer, batch, {"a": [4], "b": [2]})
     assert out[1] == [3]
 
 
