@@ -164,11 +164,6 @@ def test_training_with_history_and_sibling_drafts(tiny_model, tmp_path):
     assert m[0]["spec_history_prompts"] == 0
     assert m[1]["spec_history_prompts"] == 4  # refilled from the index after the resume
     assert m[1]["spec_tau"] > 1.0  # drafts from epoch 0's responses were accepted
-    # the drafter's own counters reach the metrics: tokens proposed / accepted, and the
-    # share of drafts each tree served
-    assert m[1]["spec_drafted_tokens"] >= m[1]["spec_accepted_tokens"] > 0
-    shares = [m[1][f"spec_source_{k}"] for k in ("prompt", "own", "global")]
-    assert abs(sum(shares) - 1.0) < 1e-3 and m[1]["spec_source_prompt"] > 0
     assert {r["policy_version"] for r in history(run_dir, 1)} == {1}
 
     shutil.rmtree(run_dir / "index")
