@@ -216,4 +216,28 @@ class DraftBudget:
         return alloc
 
 
-__all__ = ["BudgetConfig", "DraftBudget"]
+class TreeBudget:
+    """The `tree` rule (`spec.budget: tree`): every request may draft up to `max_len`
+    tokens in every pass, whatever the batch and whatever was rejected before; the
+    drafter's own cut (path probability >= min_path_prob, at most the matched length)
+    decides each draft's length, as vLLM's SuffixDecoding does. It keeps no state, so the
+    proposer's per-pass observations cost nothing here."""
+
+    def __init__(self, max_len: int):
+        if max_len < 1:
+            raise ValueError(f"need max_len >= 1, got {max_len}")
+        self.max_len = max_len
+
+    def allocate_ids(self, req_ids: Sequence[Hashable], available: Sequence[int],
+                     batch_size: int | None = None, extra_tokens: int = 0) -> list[int]:
+        k = self.max_len
+        return [max(0, min(a, k)) for a in available]
+
+    def observe(self, req_id: Hashable, proposed: int, accepted: int) -> None:
+        """No evidence is kept."""
+
+    def forget(self, req_id: Hashable) -> None:
+        """No per-request state."""
+
+
+__all__ = ["BudgetConfig", "DraftBudget", "TreeBudget"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pipeline.config.schema import SpecConfig
 from pipeline.costs import DRAFT_COST, CostModel
-from pipeline.drafting.budget import BudgetConfig, DraftBudget
+from pipeline.drafting.budget import BudgetConfig, DraftBudget, TreeBudget
 from pipeline.drafting.critical import CriticalBudget, CriticalConfig
 from pipeline.drafting.inputs import DrafterConfig
 
@@ -22,22 +22,14 @@ def budget_config(spec: SpecConfig, cost: CostModel = DRAFT_COST) -> BudgetConfi
     return BudgetConfig(max_len=max_len, start_len=min(2, max_len), min_len=1, cost=cost)
 
 
-def tree_budget_config(spec: SpecConfig) -> BudgetConfig:
-    """The `tree` budget: no per-pass allocation and a fixed cap of num_speculative_tokens;
-    the drafter's own cut (path probability >= min_path_prob, at most match length tokens)
-    decides each draft's length, as vLLM's SuffixDecoding does."""
-    k = spec.num_speculative_tokens
-    return BudgetConfig(max_len=k, start_len=k, min_len=k, batch_aware=False)
-
-
-def make_budget(spec: SpecConfig) -> DraftBudget | CriticalBudget:
+def make_budget(spec: SpecConfig) -> DraftBudget | CriticalBudget | TreeBudget:
     """`spec.budget`: drafts as long as the trees support (`tree`), the critical-path
     budget (online cost, calibrated acceptance) or the per-pass throughput one."""
     if spec.budget == "critical":
         return CriticalBudget(CriticalConfig(max_len=spec.num_speculative_tokens))
     if spec.budget == "tree":
-        return DraftBudget(tree_budget_config(spec))
+        return TreeBudget(spec.num_speculative_tokens)
     return DraftBudget(budget_config(spec))
 
 
-__all__ = ["budget_config", "drafter_config", "make_budget", "tree_budget_config"]
+__all__ = ["budget_config", "drafter_config", "make_budget"]

@@ -31,12 +31,13 @@ from typing import Any, Hashable, Sequence
 
 import numpy as np
 
-from pipeline.drafting.budget import DraftBudget
+from pipeline.drafting.budget import DraftBudget, TreeBudget
 from pipeline.drafting.calibration import conditional
 from pipeline.drafting.critical import CriticalBudget
 from pipeline.drafting.drafter import GroupDrafter
 
 CLASS_PATH = "pipeline.rollout.proposer.RhymeProposer"
+Budget = DraftBudget | CriticalBudget | TreeBudget  # what sizes the drafts (spec.budget)
 
 
 def speculative_config(num_speculative_tokens: int) -> dict:
@@ -88,14 +89,14 @@ class RhymeProposer:
         self._runner: Any = None
         self._prompt_lens: dict[str, int] = {}  # continued requests: original prompt length
         self.drafter: GroupDrafter | None = None
-        self.budget: DraftBudget | CriticalBudget | None = None
+        self.budget: Budget | None = None
         self._active: dict[Hashable, None] = {}  # running requests, in start order
         # req -> draft tokens handed out last pass (critical budget: their tree q's)
         self._proposed: dict[Hashable, int | list[float]] = {}
         self.stats = ProposerStats()
 
     def bind(self, runner: Any, drafter: GroupDrafter,
-             budget: DraftBudget | CriticalBudget) -> None:
+             budget: Budget) -> None:
         self._runner, self.drafter, self.budget = runner, drafter, budget
 
     def continues(self, request_id: str, prompt_len: int) -> None:
@@ -256,8 +257,7 @@ class RhymeProposer:
         self.budget.forget(req_id)
 
 
-def attach(runner: Any, drafter: GroupDrafter, budget: DraftBudget | CriticalBudget
-           ) -> RhymeProposer:
+def attach(runner: Any, drafter: GroupDrafter, budget: Budget) -> RhymeProposer:
     """Bind the proposer vLLM built in `runner` (the in-process model runner) to the state.
 
     Raises TypeError when the engine was not built with `speculative_config(...)`.
