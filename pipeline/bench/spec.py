@@ -33,6 +33,7 @@ from pipeline import costs
 from pipeline import distributed as dist
 from pipeline.bench.spec_plan import Plan
 from pipeline.costs import CostModel
+from pipeline.drafting.drafter import source_shares
 from pipeline.errors import RuntimeFailure, UsageError
 from pipeline.history.store import HistoryStore, prompt_hash
 from pipeline.loop.step import sampling
@@ -232,8 +233,7 @@ def summarize(results: dict[str, MethodResult], temperature: float) -> dict[str,
             "pass_per_token_ms": round(cost.per_token_s * 1e3, 5),
         }
         if r.sources:
-            total = sum(r.sources.values()) or 1
-            out[name]["draft_sources"] = {k: round(v / total, 4) for k, v in r.sources.items()}
+            out[name]["draft_sources"] = source_shares(r.sources)
     return out
 
 

@@ -73,6 +73,13 @@ class DrafterStats:
 RUNNING = LiveState.RUNNING
 
 
+def source_shares(counts: dict[str, int]) -> dict[str, float]:
+    """Drafts per tree (`GroupDrafter.sources()` or a difference of two) as shares of all
+    drafts, rounded to 4 places; all 0.0 when there were none."""
+    total = sum(counts.values())
+    return {k: round(v / total, 4) if total else 0.0 for k, v in counts.items()}
+
+
 class GroupDrafter:
     """History + sibling + self drafting for the requests of one rollout engine."""
 
@@ -320,4 +327,4 @@ class GroupDrafter:
             excess -= 1
 
 
-__all__ = ["DrafterStats", "GroupDrafter"]
+__all__ = ["DrafterStats", "GroupDrafter", "source_shares"]

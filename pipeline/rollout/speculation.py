@@ -137,13 +137,13 @@ class Drafting:
         draft tokens it proposed and vLLM accepted, and the share of drafts each tree
         served (tau and acceptance rate come from the engine's pass meter, the same for
         every method)."""
+        from pipeline.drafting.drafter import source_shares
+
         p = self.proposer.reset_stats()
         now = self.sources()
         new = {k: v - self._sources_seen.get(k, 0) for k, v in now.items()}
         self._sources_seen = now
-        total = sum(new.values())
         out = {"spec_history_prompts": sum(1 for w in self._epochs.values() if w),
                "spec_drafted_tokens": p.drafted, "spec_accepted_tokens": p.accepted}
-        for k, v in new.items():
-            out[f"spec_source_{k}"] = round(v / total, 4) if total else 0.0
+        out.update({f"spec_source_{k}": v for k, v in source_shares(new).items()})
         return out

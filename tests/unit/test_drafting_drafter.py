@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pipeline.history.store import RolloutRecord, prompt_hash
-from pipeline.drafting.drafter import GroupDrafter
+from pipeline.drafting.drafter import GroupDrafter, source_shares
 from pipeline.drafting.inputs import DrafterConfig, HistoryResponse, history_from_records
 from pipeline.drafting.suffix_tree import SuffixTree
 
@@ -330,6 +330,9 @@ def test_sources_count_which_tree_served_each_draft():
     d.draft("p", 0)  # asked for nothing: no draft, not counted
     assert d.sources() == {"prompt": 1, "own": 0, "global": 1}
     assert d.stats().wins == d.sources() and d.stats().drafts == 2
+    assert source_shares(d.sources()) == {"prompt": 0.5, "own": 0.0, "global": 0.5}
+    assert source_shares({"prompt": 0, "own": 0, "global": 0}) == {"prompt": 0.0, "own": 0.0,
+                                                                   "global": 0.0}
 
 
 def test_history_from_read_only_arrays():
