@@ -2,9 +2,9 @@
 GRPO group each belongs to, and the tokens each has generated that a tree has yet to get.
 
 A running request's tokens feed up to three suffix trees (`pipeline.drafting.drafter` owns
-them): its prompt's tree (with siblings on, from the prompt's last `max_depth` tokens on),
-the global tree (with siblings on, its output) and its own tree (with siblings off: prompt
-and output, the newest tokens held back one pass). Appending a token to a C++ tree costs
+them): its prompt's tree (with siblings on, from the prompt's last `max_depth` tokens on,
+the newest pass held back while it runs), the global tree (with siblings on, its output)
+and its own tree (with siblings off: prompt and output, the newest pass held back). Appending a token to a C++ tree costs
 microseconds, and in a full batch the budget grants few drafts, so tokens are only
 recorded here — one list per request, extended once per pass — and a tree receives them
 when a request that reads it drafts: each tree's share is a slice from that tree's
@@ -47,7 +47,7 @@ class LiveRequest:
     tree has not received (None: it feeds no prompt-tree sequence); global_seq /
     global_pos: the same for the global tree; own / own_pos: its own tree (created on its
     first draft) and position; pending: where the newest appended tokens start (the own
-    tree gets tokens up to there only).
+    tree, and the prompt tree while the request runs, get tokens up to there only).
     """
 
     __slots__ = ("req_id", "key", "state", "tokens", "base", "keep", "local_seq",
@@ -142,14 +142,13 @@ class LiveSet:
         if self.siblings:
             # the prompt-tree sequence starts at the prompt's last max_depth tokens
             req.local_pos = max(0, n_prompt - self.max_depth)
-            req.pending = req.end - 1 if output else req.end
             if self.to_global:
                 req.global_pos = n_prompt
                 if output:
                     self._unsent[req] = None
         else:
             req.own_pos = 0
-            req.pending = req.end - 1 if output else req.end
+        req.pending = req.end - 1 if output else req.end
         group.append(req)
         self.running[req_id] = req
         return req, replaced
@@ -166,8 +165,7 @@ class LiveSet:
                 if toks:
                     running[req_id].append(toks)
             return
-        # The hot loop of a full batch: LiveRequest.append inlined (`pending` only
-        # matters for the own tree, which siblings replace).
+        # The hot loop of a full batch: LiveRequest.append inlined.
         unsent = self._unsent if self.to_global else {}
         for req_id, req, toks in zip(req_ids, map(running.get, req_ids), token_ids):
             if type(toks) is not list:
