@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from pipeline.config import Config, ConfigError, load_config
+from pipeline.config import Config, load_config
 from pipeline.errors import UsageError
 from pipeline.history.store import HistoryStore
 from pipeline.loop.batches import PromptSource
@@ -100,21 +100,22 @@ def _check_same_run(plan: Plan) -> None:
     except (OSError, ValueError):
         raise UsageError(f"--run-dir {plan.run_dir} holds no readable run.json; choose another "
                          f"directory") from None
-    if old.get("config") != config_fingerprint(plan.cfg) and not _same_but_spec(plan):
+    fingerprint = config_fingerprint(plan.cfg)
+    if old.get("config") != fingerprint and not _same_but_spec(plan, fingerprint):
         raise UsageError(f"--run-dir {plan.run_dir} holds a run with another config (fingerprint "
-                         f"{old.get('config')}, this one {config_fingerprint(plan.cfg)}); pass "
+                         f"{old.get('config')}, this one {fingerprint}); pass "
                          f"the same CONFIG and overrides, or another --run-dir")
 
 
-def _same_but_spec(plan: Plan) -> bool:
+def _same_but_spec(plan: Plan, fingerprint: str) -> bool:
     """True when the run differs from the bench's config only in `spec`: speculation never
     changes what is learned, and the bench measures every method with the `spec` settings
     it is given, so a run trained with another budget or draft cap still serves."""
     try:
         run_cfg = load_config(plan.run_dir / "config.yaml")
-    except (OSError, ConfigError):
+    except (OSError, UsageError):  # unreadable, not YAML, or invalid (ConfigError)
         return False
-    return config_fingerprint(replace(run_cfg, spec=plan.cfg.spec)) == config_fingerprint(plan.cfg)
+    return config_fingerprint(replace(run_cfg, spec=plan.cfg.spec)) == fingerprint
 
 
 __all__ = ["Plan", "ensure_trained", "make_plan", "missing_epochs"]
