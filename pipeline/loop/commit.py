@@ -34,6 +34,7 @@ With no checkpoint yet, --resume starts the run over: step 0, all provisional fi
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -42,8 +43,9 @@ from pipeline.faults import fault
 from pipeline import distributed as dist
 from pipeline.train import checkpoint
 
-DISK_ERRNOS = {28: "no space left on device", 122: "disk quota exceeded",
-               13: "permission denied", 1: "operation not permitted", 30: "read-only filesystem"}
+DISK_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+               errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
+               errno.EROFS: "read-only filesystem"}
 
 
 def commit_step(ctx, steps_done: int) -> None:
