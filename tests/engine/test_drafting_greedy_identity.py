@@ -51,10 +51,16 @@ def run_greedy_identity(model_dir, budget: str = "throughput") -> dict:
     runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
     drafter = GroupDrafter(DrafterConfig.for_method("history+group"))
     meter = PassMeter(runner)
-    if budget == "critical":  # online cost from the pass meter, as the engine wires it
+    if budget == "critical":
+        # The pass meter feeds the online cost model as the engine wires it, but with each
+        # pass priced by a fixed CPU-like curve instead of its wall-clock seconds: what the
+        # budget drafts must not depend on how loaded the test machine is (a CI run with
+        # load ~4 once drafted too little for the tau check below).
+        from pipeline.costs import DRAFT_COST
         from pipeline.drafting.critical import CriticalBudget, CriticalConfig
         drafts = CriticalBudget(CriticalConfig(max_len=8))
-        meter.listener = lambda tokens, s, prefill: prefill or drafts.observe_pass(tokens, s)
+        meter.listener = lambda tokens, s, prefill: prefill or drafts.observe_pass(
+            tokens, DRAFT_COST.pass_seconds(tokens))
     else:
         drafts = DraftBudget(BudgetConfig(max_len=8))
     proposer = attach(runner, drafter, drafts)
