@@ -30,14 +30,14 @@ def _greedy(llm, prompts):
                                                                use_tqdm=False)]
 
 
-def run_greedy_identity(model_dir, budget: str = "throughput") -> dict:
+def run_greedy_identity(model_dir, budget: str = "tree") -> dict:
     from transformers import AutoTokenizer
 
     from pipeline.history.store import prompt_hash
     from pipeline.rollout import cpu_sampler_fix
     from pipeline.rollout.meter import PassMeter
     from pipeline.rollout.proposer import attach, speculative_config
-    from pipeline.drafting.budget import BudgetConfig, DraftBudget
+    from pipeline.drafting.budget import BudgetConfig, DraftBudget, TreeBudget
     from pipeline.drafting.drafter import GroupDrafter
     from pipeline.drafting.inputs import DrafterConfig, HistoryResponse
     from pipeline.tasks.base import get_task
@@ -61,6 +61,8 @@ def run_greedy_identity(model_dir, budget: str = "throughput") -> dict:
         drafts = CriticalBudget(CriticalConfig(max_len=8))
         meter.listener = lambda tokens, s, prefill: prefill or drafts.observe_pass(
             tokens, DRAFT_COST.pass_seconds(tokens))
+    elif budget == "tree":
+        drafts = TreeBudget(8)
     else:
         drafts = DraftBudget(BudgetConfig(max_len=8))
     proposer = attach(runner, drafter, drafts)
@@ -77,7 +79,8 @@ def run_greedy_identity(model_dir, budget: str = "throughput") -> dict:
     return {"plain": plain, "rounds": rounds}
 
 
-@pytest.mark.parametrize("budget", ["throughput", "critical"])
+# `tree` is the default; `throughput` runs inside a real engine in test_drafting_lossless
+@pytest.mark.parametrize("budget", ["tree", "critical"])
 def test_greedy_output_is_identical_with_history_and_sibling_drafts(tiny_model, budget):
     result = run_greedy_identity(tiny_model, budget)
     plain = result["plain"]
