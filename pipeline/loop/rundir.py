@@ -6,6 +6,12 @@ one run from overwriting or resuming another.
     RUN_DIR/checkpoints/step-NNNNNN/   complete checkpoints only (see train.checkpoint)
     RUN_DIR/index/          history index: last K epochs per prompt (see history.index)
     RUN_DIR/eval.jsonl      held-out evaluations   RUN_DIR/.writer.lock  the writer's lock
+
+A run exists once run.json does: `start` writes it first, then config.yaml. A process
+killed before run.json leaves nothing of its own but the lock, so `--resume` there starts
+the run (Slurm requeues and job scripts that always pass --resume work even when the first
+attempt died during start-up); one killed between the two leaves run.json, and resume
+writes the missing config.yaml.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import sys
 from pathlib import Path
 
 from pipeline.atomic import write_json_atomic, write_text_atomic
@@ -58,9 +65,7 @@ def check_run_dir(cfg: Config, resume: bool, force: bool) -> None:
     entries = {p.name for p in d.iterdir()} - {LOCK_FILE} if d.is_dir() else set()
     if d.exists() and not d.is_dir():
         raise UsageError(f"run.dir = {d} is a file; choose a directory")
-    if not entries:
-        if resume:
-            raise UsageError(f"--resume: {d} holds no run to resume; drop --resume to start one")
+    if not entries:  # nothing yet, or a start killed before its first write: `start` begins it
         return
     if "run.json" not in entries:
         raise UsageError(f"run.dir = {d} is not empty and holds no rhymectl run (no run.json); "
@@ -92,7 +97,12 @@ def start(cfg: Config, resume: bool, force: bool) -> Path:
             if entry.name in OWN_ENTRIES:
                 shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
     d.mkdir(parents=True, exist_ok=True)
-    if not resume:
+    fresh = not resume or not (d / "run.json").is_file()
+    if resume and fresh:
+        print(f"note: --resume: {d} holds no run yet (none was started, or the first start "
+              f"was killed before it wrote anything); starting it", file=sys.stderr)
+    if fresh:
+        write_json_atomic(d / "run.json", identity(cfg))  # first: from here on the run exists
+    if fresh or not (d / "config.yaml").is_file():
         write_text_atomic(d / "config.yaml", to_yaml(cfg))
-        write_json_atomic(d / "run.json", identity(cfg))
     return d

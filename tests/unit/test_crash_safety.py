@@ -121,7 +121,9 @@ def test_check_run_dir_ignores_the_lock_file(tmp_path):
     lock.RunLock(run).acquire().release()
     cfg = load_config(REPO / "sample_configs/tiny.yaml", [f"run.dir={run}"])
     rundir.check_run_dir(cfg, resume=False, force=False)  # empty but for the lock: a new run
-    with pytest.raises(UsageError, match="holds no run to resume"):
+    rundir.check_run_dir(cfg, resume=True, force=False)  # killed before its first write
+    (run / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match="holds no rhymectl run"):
         rundir.check_run_dir(cfg, resume=True, force=False)
 
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from pipeline.config import load_config
+from pipeline.config import load_config, to_yaml
 from pipeline.errors import UsageError
 from pipeline.loop import rundir
 from pipeline.loop.batches import PromptSource, shard
@@ -30,11 +30,33 @@ def cfg_for(tmp_path, model_dir, *extra):
     return load_config(None, [f"run.dir={tmp_path / 'run'}", f"model.path={model_dir}", *extra])
 
 
-def test_a_new_run_dir_is_accepted_and_resume_of_nothing_is_refused(tmp_path, model_dir):
+def test_a_new_run_dir_is_accepted_and_resume_of_nothing_starts_the_run(tmp_path, model_dir,
+                                                                         capsys):
+    """A job script that always passes --resume (a Slurm requeue) must work when the first
+    attempt was killed before it wrote anything."""
     cfg = cfg_for(tmp_path, model_dir)
     rundir.check_run_dir(cfg, resume=False, force=False)
-    with pytest.raises(UsageError, match=r"--resume: .*run holds no run to resume; drop --resume"):
-        rundir.check_run_dir(cfg, resume=True, force=False)
+    rundir.check_run_dir(cfg, resume=True, force=False)
+    d = rundir.start(cfg, resume=True, force=False)
+    assert "--resume: " in capsys.readouterr().err
+    assert json.loads((d / "run.json").read_text()) == rundir.identity(cfg)
+    assert (d / "config.yaml").read_text() == to_yaml(cfg)
+    with pytest.raises(UsageError, match="already holds a run"):
+        rundir.check_run_dir(cfg, resume=False, force=False)
+
+
+def test_a_start_killed_between_its_two_writes_resumes_and_writes_the_config(tmp_path, model_dir,
+                                                                             capsys):
+    cfg = cfg_for(tmp_path, model_dir)
+    d = rundir.start(cfg, resume=False, force=False)
+    (d / "config.yaml").unlink()  # run.json is written first
+    rundir.check_run_dir(cfg, resume=True, force=False)
+    rundir.start(cfg, resume=True, force=False)
+    assert (d / "config.yaml").read_text() == to_yaml(cfg)
+    assert "note" not in capsys.readouterr().err  # a run existed: a plain resume
+    identity = (d / "run.json").read_text()
+    rundir.start(cfg, resume=True, force=False)  # a resume of a complete run rewrites nothing
+    assert (d / "run.json").read_text() == identity
 
 
 def test_an_existing_run_needs_resume_or_force(tmp_path, model_dir):
