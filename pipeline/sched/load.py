@@ -61,6 +61,12 @@ class LoadEstimate:
         passes = max(self.longest(w), self.floor, tokens / self.capacity)
         return self.cost.base_s * passes + self.cost.per_token_s * tokens
 
+    def time_with(self, w: int, length: float) -> float:
+        """The worker's predicted time if one more request of `length` were placed on it."""
+        tokens = self.tokens[w] + length
+        passes = max(self.longest(w), length, self.floor, tokens / self.capacity)
+        return self.cost.base_s * passes + self.cost.per_token_s * tokens
+
     def add(self, w: int, length: float, count: int = 1) -> None:
         self.tokens[w] += length * count
         heapq.heappush(self.lengths[w], -float(length))

@@ -112,20 +112,26 @@ class SeerDispatcher(Dispatcher):
     def _start_new(self, cluster: Cluster) -> None:
         """Start as many queued requests as there are free slots, taken in queue order.
 
-        They are placed longest-first: a request joins its group's worker while that has
-        a free slot (siblings draft for each other, and with equal predictions spreading
-        them only multiplies the workers that hold a long request), else the worker with
-        the least predicted time (LPT, so the one holding the longest request carries
-        little else). They start in queue order.
+        They are placed longest-first, each where it is predicted to end soonest: the
+        worker with the least predicted time (LPT, so the one holding the longest request
+        carries little else), unless its group's worker has a free slot and would end no
+        later with it. Siblings then stay together where that is free under the load
+        model (they draft for each other, and a worker's passes are set by its longest
+        request), and spread where stacking them would lengthen the step's critical path:
+        a group whose responses all run to max_tokens on one worker pays every pass for
+        all of them. They start in queue order.
         """
         batch = []
         for _ in range(min(self.free_total, len(self.probes) + self.unstarted_rest)):
             batch.append(self._pop())
         placed = {}
         for request in sorted(batch, key=lambda r: (-self.estimate[r.group], r)):
+            estimate, best = self.estimate[request.group], self.load.best()
             worker = self.home.get(request.group)
-            if worker not in self.free:
-                worker = self.home[request.group] = self.load.best()
+            if worker not in self.free or (
+                    worker != best and self.load.time_with(worker, estimate)
+                    > self.load.time_with(best, estimate)):
+                worker = self.home[request.group] = best
             placed[request] = worker
             self.placed[request] = self.estimate[request.group]
             self.load.add(worker, self.placed[request])

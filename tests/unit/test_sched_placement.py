@@ -234,3 +234,28 @@ def test_seer_static_plan_runs_probes_first_on_each_worker():
         first_sibling = next((i for i, s in enumerate(samples) if s > 0), len(samples))
         assert all(s == 0 for s in samples[:first_sibling])
         assert all(s > 0 for s in samples[first_sibling:])
+
+
+def test_seer_spreads_siblings_where_stacking_them_lengthens_the_critical_path():
+    # base 1 s a pass, 0.1 s a token. Group 0: two responses predicted 100 tokens. On one
+    # worker: 100 passes + 200 tokens = 120 s; apart: 110 s each. So the second sibling
+    # goes to the empty worker, though its home has a free slot.
+    cost = CostModel(base_s=1.0, per_token_s=0.1)
+    d = SeerDispatcher(groups(100, n=2), 2, PlacementParams(capacity=8, cost=cost))
+    cluster = FakeCluster(2, 8)
+    d.dispatch(cluster, [0, 1])
+    where = {c.request: w for w, c in cluster.started}
+    assert where[R(0, 0)] != where[R(0, 1)]
+
+
+def test_seer_keeps_siblings_together_where_that_ends_no_later():
+    # One worker gets a 1,000-token request (1,100 s); two 10-token siblings: the
+    # second ends sooner beside the first (10 passes + 20 tokens = 12 s) than beside the
+    # long one (1,000 passes + 1,020 tokens).
+    cost = CostModel(base_s=1.0, per_token_s=0.1)
+    gs = [GroupWork("long", 1, 1000.0), GroupWork("short", 2, 10.0)]
+    d = SeerDispatcher(gs, 2, PlacementParams(capacity=8, cost=cost))
+    cluster = FakeCluster(2, 8)
+    d.dispatch(cluster, [0, 1])
+    where = {c.request: w for w, c in cluster.started}
+    assert where[R(1, 0)] == where[R(1, 1)] != where[R(0, 0)]
