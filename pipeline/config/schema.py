@@ -96,6 +96,16 @@ class SpecConfig:
 
 
 @dataclass(frozen=True)
+class TailBatchingConfig:
+    """Tail batching (RollPacker): launch more groups than the step trains on, train on the
+    first to complete, drop the rest unfinished and regenerate their prompts in a later
+    step with that step's policy (on-policy). 0 = off."""
+
+    overprovision: float = non_negative(0.0)  # launch ceil(G * (1 + overprovision)) groups
+    max_waits: int = non_negative(2)  # a prompt deferred this many times is not deferred again
+
+
+@dataclass(frozen=True)
 class SchedConfig:
     """Placement of one step's rollout work over the rollout workers."""
 
@@ -105,6 +115,7 @@ class SchedConfig:
         "a number in [0, 1)", lambda v: 0 <= v < 1))
     tier2_max_seqs: int = positive(8)  # tier2: sequences per reserved worker
     sim_requests_per_worker: int = positive(64)
+    tail_batching: TailBatchingConfig = field(default_factory=TailBatchingConfig)
     # how long a rank waits on the coordination store (a slow peer, a long first chunk)
     # before it gives up, seconds
     store_timeout_s: float = positive(900.0)

@@ -244,6 +244,14 @@ class HistoryStore:
             out[pid] = [r for r in recs if r.epoch in keep]
         return out
 
+    def groups_by_step(self) -> dict[int, set[tuple[str, int]]]:
+        """step -> the (prompt_id, epoch) pairs it trained on, reading three columns only."""
+        cols = self._scan(columns=["step", "prompt_id", "epoch"]).to_pydict()
+        out: dict[int, set[tuple[str, int]]] = defaultdict(set)
+        for step, pid, epoch in zip(cols["step"], cols["prompt_id"], cols["epoch"]):
+            out[step].add((pid, epoch))
+        return dict(out)
+
     def lengths(self) -> dict[str, dict[int, list[int]]]:
         """prompt_id -> epoch -> response lengths (tokens), reading three columns only."""
         cols = self._scan(columns=["prompt_id", "epoch", "length"]).to_pydict()

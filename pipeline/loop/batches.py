@@ -27,13 +27,17 @@ class PromptSource:
     def epoch_of(self, step: int) -> int:
         return step // self.steps_per_epoch
 
-    def batch(self, step: int) -> list[Prompt]:
-        """The global batch of `step` (0-based)."""
-        epoch, index = divmod(step, self.steps_per_epoch)
+    def order(self, epoch: int) -> list[int]:
+        """The prompts' indices in the order `epoch` visits them."""
         order = list(range(len(self.prompts)))
         if self.shuffle:
             random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
-        picked = order[index * self.batch_size: (index + 1) * self.batch_size]
+        return order
+
+    def batch(self, step: int) -> list[Prompt]:
+        """The global batch of `step` (0-based)."""
+        epoch, index = divmod(step, self.steps_per_epoch)
+        picked = self.order(epoch)[index * self.batch_size: (index + 1) * self.batch_size]
         return [self.prompts[i] for i in picked]
 
 

@@ -12,6 +12,7 @@ from pipeline.loop.batches import PromptSource
 from pipeline.loop.loggers import Loggers
 from pipeline.loop.metrics import MetricsLog
 from pipeline.loop.scheduled import ScheduledRollout
+from pipeline.loop.tail_queue import TailQueue
 from pipeline.loop.tp_groups import TPLayout
 from pipeline.rollout.contract import RolloutBackend
 from pipeline.tasks.base import RewardFn
@@ -45,6 +46,7 @@ class Context:
     summary: dict = field(default_factory=dict)
     loggers: Loggers | None = None  # rank 0: TensorBoard / W&B
     tp: TPLayout | None = None  # which ranks share one vLLM engine
+    tail: TailQueue | None = None  # sched.tail_batching: what each step launches
 
 
 __all__ = ["Context"]

@@ -15,6 +15,7 @@ from pipeline.errors import UsageError
 from pipeline.loop import loggers, tp_groups
 from pipeline.policy.checks import check_model_dir
 from pipeline.rollout.versions import check_vllm
+from pipeline.sched.placement import resolve_policy_name
 from pipeline.tasks.data import resolve_reward
 from pipeline.tasks.math_rewards import REWARDS
 from pipeline.tasks.prompts import train_rows
@@ -64,11 +65,22 @@ def preflight(cfg: Config, world_size: int, local_world: int | None = None) -> d
 
 
 def world_problems(cfg: Config, world_size: int) -> list[str]:
-    return [f"{key} = {value} does not divide over {world_size} ranks; make it a multiple of "
-            f"{world_size} or change --nproc"
-            for key, value in (("data.train_batch_size", cfg.data.train_batch_size),
-                               ("train.ppo_mini_batch_size", cfg.train.ppo_mini_batch_size))
-            if value % world_size]
+    out = [f"{key} = {value} does not divide over {world_size} ranks; make it a multiple of "
+           f"{world_size} or change --nproc"
+           for key, value in (("data.train_batch_size", cfg.data.train_batch_size),
+                              ("train.ppo_mini_batch_size", cfg.train.ppo_mini_batch_size))
+           if value % world_size]
+    workers = world_size // max(1, cfg.rollout.tensor_parallel_size)
+    policy = resolve_policy_name(cfg.sched.policy, workers)
+    if cfg.sched.tail_batching.overprovision > 0:
+        if workers > 1 and policy != "static":
+            out.append(f"sched.tail_batching runs each rollout worker's own share (the static "
+                       f"split); with {workers} workers set sched.policy: static, or "
+                       f"sched.tail_batching.overprovision: 0 to keep sched.policy: {policy}")
+        if cfg.rollout.tensor_parallel_size > 1:
+            out.append("sched.tail_batching does not run with rollout.tensor_parallel_size > 1 "
+                       "yet; set one of them back (overprovision: 0 or tensor_parallel_size: 1)")
+    return out
 
 
 def check_tp(cfg: Config, world_size: int, local_world: int | None = None) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 
@@ -30,13 +30,18 @@ class Rollout:
         return len(self.completion.token_ids)
 
 
-def generate(engine: RolloutBackend, tokenizer, prompts: Sequence[Prompt], sampling: Sampling) -> list[Rollout]:
-    """`sampling.n` responses per prompt, flattened group by group."""
+def generate(engine: RolloutBackend, tokenizer, prompts: Sequence[Prompt], sampling: Sampling,
+             keep: int | None = None, pinned: Sequence[bool] = ()) -> list[Rollout]:
+    """`sampling.n` responses per prompt, flattened group by group. With `keep` (tail
+    batching), only the first `keep` groups to complete (the pinned ones among them)."""
     prompt_ids = [tokenizer(p.text)["input_ids"] for p in prompts]
-    groups = engine.generate(prompt_ids, sampling)
+    if keep is None:
+        groups = engine.generate(prompt_ids, sampling)
+    else:
+        groups = engine.generate_first(prompt_ids, sampling, keep, pinned)
     out = []
     for prompt, ids, group in zip(prompts, prompt_ids, groups):
-        for k, completion in enumerate(group):
+        for k, completion in enumerate(group or ()):
             text = tokenizer.decode(completion.token_ids, skip_special_tokens=True)
             out.append(Rollout(prompt, ids, k, completion, text))
     return out
@@ -66,9 +71,14 @@ def to_batch(rollouts: list[Rollout], pad_id: int, adv_estimator: str) -> Batch:
                  torch.tensor([len(s) for s in seqs]), adv.float(), sampler)
 
 
-def to_records(rollouts: list[Rollout], epoch: int, step: int, version: int) -> list[RolloutRecord]:
+def to_records(rollouts: list[Rollout], epoch: int, step: int, version: int,
+               epochs: Mapping[int, int] | None = None) -> list[RolloutRecord]:
+    """epochs: id(prompt) -> the epoch it was drawn in, where that is not `epoch` (tail
+    batching)."""
+    epochs = epochs or {}
     return [RolloutRecord(
-        prompt_id=r.prompt.id, prompt_hash=prompt_hash(r.prompt_ids), epoch=epoch, step=step,
+        prompt_id=r.prompt.id, prompt_hash=prompt_hash(r.prompt_ids),
+        epoch=epochs.get(id(r.prompt), epoch), step=step,
         policy_version=version, sample_index=r.sample_index,
         response_ids=list(r.completion.token_ids), length=r.length,
         finish_reason=r.completion.finish_reason, reward=r.reward,

@@ -28,6 +28,7 @@ from pipeline.loop.evaluate import evaluate
 from pipeline.loop.metrics import MetricsLog
 from pipeline.loop.scheduled import ScheduledRollout
 from pipeline.loop.step import rl_step
+from pipeline.loop.tail_queue import TailQueue
 from pipeline.loop.loggers import Loggers
 from pipeline.loop.tp_groups import TPLayout
 from pipeline.rollout.engine import RolloutEngine
@@ -112,6 +113,9 @@ def setup(cfg: Config, rank: int, world: int, resume: bool, force: bool,
     ctx = Context(cfg, rank, world, engine, actor, tokenizer, prompts, reward_fn, run_dir)
     ctx.tp = TPLayout(world, cfg.rollout.tensor_parallel_size)
     ctx.scheduler = ScheduledRollout.maybe(cfg, ctx.tp, run_dir)
+    tail = cfg.sched.tail_batching
+    if tail.overprovision > 0:
+        ctx.tail = TailQueue(prompts, tail.overprovision, tail.max_waits, world)
     ctx.eval_set = eval_prompts(cfg.data, {p.id for p in prompts.prompts})
     if rank == 0:
         ctx.history = HistoryStore(run_dir)
@@ -138,6 +142,10 @@ def restore(ctx: Context, state: dict | None) -> None:
     restore_drafting(ctx)
     if ctx.scheduler is not None:
         ctx.scheduler.load_history(ctx.run_dir)
+    if ctx.tail is not None and ctx.start_step:
+        dist.barrier()  # rank 0 has cut the history back to the checkpoint
+        trained = HistoryStore(ctx.run_dir, readonly=True).groups_by_step()
+        ctx.tail.replay(trained.get(s, set()) for s in range(ctx.start_step))
 
 
 def restore_drafting(ctx: Context) -> None:

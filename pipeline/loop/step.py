@@ -25,13 +25,16 @@ class StepResult:
 def rl_step(ctx: Context, step: int) -> StepResult:
     """ctx: engine, actor, tokenizer, data, config, ranks (`pipeline.loop.context`)."""
     cfg, phases = ctx.cfg, PhaseTimer()
-    epoch = ctx.prompts.epoch_of(step)
     version = ctx.policy_version
     scheduler = ctx.scheduler  # None: each rank generates its own share (static split)
+    launched = ctx.tail.launch() if ctx.tail else None  # tail batching: more than it trains
+    epoch = max(x.epoch for x in launched) if launched else ctx.prompts.epoch_of(step)
 
     with phases("rollout"):
         ctx.engine.wake()
-        if scheduler is None:
+        if launched:
+            group = tail_rollout(ctx, step, launched)
+        elif scheduler is None:
             group = static_rollout(ctx, step)
         else:
             group = scheduler.generate(ctx, step, sampling(cfg, step))
@@ -49,8 +52,11 @@ def rl_step(ctx: Context, step: int) -> StepResult:
         ctx.policy_version = version + 1
     fault("after_sync")
     spec_metrics = ctx.engine.spec_metrics()
+    if launched:
+        spec_metrics["tail_dropped_tokens"] = ctx.engine.last_dropped_tokens
     with phases("gather"):
-        records = rollouts.to_records(group, epoch, step, version)
+        epochs = {id(x.prompt): x.epoch for x in launched} if launched else None
+        records = rollouts.to_records(group, epoch, step, version, epochs)
         finish = [r.completion.finish_s for r in group]
         everything = dist.all_gather((records, {**train_metrics, **spec_metrics},
                                       phases.seconds.get("rollout", 0.0), finish, busy_s))
@@ -63,7 +69,31 @@ def rl_step(ctx: Context, step: int) -> StepResult:
     metrics = step_metrics(step, epoch, version, records, everything, phases)
     if scheduler:
         metrics.update(scheduler.metrics())
+    if launched:
+        metrics.update(settle_tail(ctx.tail, launched, records))
     return StepResult(metrics, records)
+
+
+def tail_rollout(ctx, step: int, launched: list) -> list:
+    """Tail batching (`pipeline.loop.tail_queue`): each rank launches its share of the
+    over-provisioned batch and keeps the first groups to complete, the pinned ones among
+    them, as many as its share of data.train_batch_size."""
+    mine = shard(launched, ctx.rank, ctx.world_size)
+    keep = ctx.tail.keep // ctx.world_size
+    return rollouts.generate(ctx.engine, ctx.tokenizer, [x.prompt for x in mine],
+                             sampling(ctx.cfg, step), keep, ctx.tail.pinned(mine))
+
+
+def settle_tail(tail, launched: list, records: list) -> dict:
+    """Defer what the step launched and did not train on (every rank the same: `records`
+    are every rank's); the step's tail-batching metrics."""
+    trained = {(r.prompt_id, r.epoch) for r in records}
+    waits = [x.waits for x in launched if x.key in trained]
+    deferred = tail.settle(trained)
+    return {"tail_launched": len(launched), "tail_deferred": deferred,
+            "tail_wait_max": max(waits, default=0),
+            "tail_wait_mean": round(sum(waits) / len(waits), 4) if waits else 0.0,
+            "tail_queue": len(tail.deferred)}
 
 
 def static_rollout(ctx, step: int) -> list:
@@ -103,6 +133,9 @@ def step_metrics(step, epoch, version, records, everything, phases: PhaseTimer) 
         "gen_tokens_per_s": sum(lengths) / rollout_s if rollout_s > 0 else 0.0,
     }
     for key in train[0]:
+        if key.startswith("tail_"):  # counts: summed over the ranks
+            out[key] = sum(m[key] for m in train)
+            continue
         name = key if key.startswith("spec_") else f"train_{key}"
         out[name] = sum(m[key] for m in train) / len(train)
     out.update(phases.as_metrics())

@@ -43,6 +43,9 @@ class RolloutBackend(Protocol):
 
     def generate(self, prompts: Sequence[list[int]], sampling: Sampling) -> list[list[Completion]]: ...
 
+    def generate_first(self, prompts: Sequence[list[int]], sampling: Sampling, keep: int,
+                       pinned: Sequence[bool] = ()) -> list[list[Completion] | None]: ...
+
     def open_stream(self, prompts: Sequence[list[int]], n: int) -> None: ...
 
     def submit(self, key: str, prompt_ids: Sequence[int], sampling: Sampling, *,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from typing import Iterable, Sequence
 
 import torch
@@ -90,6 +91,7 @@ class RolloutEngine:
             self.meter.listener = self.drafting.on_pass
         self.last_passes = PassCounts()  # target forward passes of the last `generate`
         self.last_output = (0, 0)  # (generated tokens, requests) of the last `generate`
+        self.last_dropped_tokens = 0  # tail batching: finished tokens of the dropped groups
 
     # -- generation ---------------------------------------------------------------------
     def generate(self, prompts: Sequence[list[int]], sampling: Sampling) -> list[list[Completion]]:
@@ -117,6 +119,38 @@ class RolloutEngine:
             groups[i // sampling.n].append(_completion(out, started))
         self._end((sum(len(c.token_ids) for g in groups for c in g), len(outputs)))
         return groups
+
+    def generate_first(self, prompts: Sequence[list[int]], sampling: Sampling, keep: int,
+                       pinned: Sequence[bool] = ()) -> list[list[Completion] | None]:
+        """Tail batching: like `generate`, but stop as soon as `keep` groups are complete,
+        the pinned ones among them whenever they finish, the others in the order they
+        completed. Every other group is aborted and comes back as None, never partly
+        (`last_dropped_tokens`: tokens of their responses that had finished)."""
+        n, must = sampling.n, [i for i, p in enumerate(pinned) if p][:keep]
+        self.open_stream(prompts, n)
+        got: list[dict[int, Completion]] = [{} for _ in prompts]
+        done_order: list[int] = []
+        try:
+            for p_idx, ids in enumerate(prompts):
+                for k in range(n):
+                    seed = None if sampling.seed is None else sampling.seed + p_idx * n + k
+                    self.submit(f"{p_idx}:{k}", ids, replace(sampling, n=1, seed=seed))
+            while self.busy() and not _enough(done_order, must, keep):
+                for key, completion in self.step():
+                    p_idx, k = map(int, key.split(":"))
+                    got[p_idx][k] = completion
+                    if len(got[p_idx]) == n:
+                        done_order.append(p_idx)
+            unfinished = list(self._stream_keys.values())
+            if unfinished:
+                self.llm.llm_engine.abort_request(unfinished)
+                self._stream_keys.clear()
+        finally:
+            self.close_stream()
+        kept = set(must) | set([p for p in done_order if p not in must][:keep - len(must)])
+        self.last_dropped_tokens = sum(len(c.token_ids) for p, group in enumerate(got)
+                                       if p not in kept for c in group.values())
+        return [[got[p][k] for k in range(n)] if p in kept else None for p in range(len(prompts))]
 
     def _begin(self, prompts: Sequence[list[int]], n: int) -> float:
         """Announce the groups to the drafter and start counting passes; returns the start
@@ -248,6 +282,12 @@ class RolloutEngine:
     def wake(self) -> None:
         if torch.cuda.is_available():
             self.llm.wake_up()
+
+
+def _enough(done_order: Sequence[int], must: Sequence[int], keep: int) -> bool:
+    """Whether the groups completed so far (in order) hold every pinned one and `keep` in all."""
+    done = set(done_order)
+    return all(p in done for p in must) and len(done) >= keep
 
 
 def _params(sampling: Sampling, seed: int | None, **extra):

@@ -213,6 +213,18 @@ def test_a_batch_that_does_not_divide_over_the_ranks(capsys):
             "16 or change --nproc") in problems(capsys, "data.train_batch_size=32", "--nproc", "16")
 
 
+def test_tail_batching_needs_the_static_split_and_no_tensor_parallelism(capsys):
+    tail = "sched.tail_batching.overprovision=0.25"
+    assert ("sched.tail_batching runs each rollout worker's own share (the static split); with 2 "
+            "workers set sched.policy: static, or sched.tail_batching.overprovision: 0 to keep "
+            "sched.policy: seer") in problems(capsys, tail, "--nproc", "2")
+    assert not [p for p in problems(capsys, tail, "sched.policy=static", "model.path=models/none",
+                                    "--nproc", "2") if "tail_batching" in p]
+    assert ("sched.tail_batching does not run with rollout.tensor_parallel_size > 1 yet; set one "
+            "of them back (overprovision: 0 or tensor_parallel_size: 1)") in problems(
+        capsys, tail, "rollout.tensor_parallel_size=2", "--nproc", "2")
+
+
 def test_preflight_reports_every_problem_at_once(capsys):
     assert problems(capsys, "model.path=models/none", "data.train_batch_size=10",
                     "train.ppo_mini_batch_size=5", "--nproc", "4") == [
