@@ -69,6 +69,9 @@ class _Events(_Fluid):
         self.target_v = [math.inf] * w
         self.movers = [0] * w  # running requests a boundary could move
         self.next_v: list[float | None] = [None] * w  # cached next_boundary (None: unknown)
+        # cohorts[w]: the running requests by chunk grid (v0, step): those placed in one
+        # event share it, so a boundary is checked once per cohort, not per request
+        self.cohorts: list[dict[tuple[float, int], dict[int, None]]] = [{} for _ in range(w)]
         self.gap = dispatcher.quiet_gap
 
     def admit(self, w: int, chunk: Chunk) -> None:
@@ -81,6 +84,7 @@ class _Events(_Fluid):
             self.seq_of[rid], self.chunk[rid] = next(self.seq), chunk
             self.v0[rid], self.g0[rid] = self.clock_v[w], done
             self.running[w][rid] = None
+            self._join_cohort(w, rid)
             if self.movable[rid] < math.inf:
                 self.movers[w] += 1
                 self._first_boundary(w, rid)
@@ -95,10 +99,35 @@ class _Events(_Fluid):
         if self.movable[rid] >= self.length[rid] - 1:  # it completes before it could move
             self.movable[rid] = math.inf
         self.running[w][rid] = None
+        self._join_cohort(w, rid)
         if self.movable[rid] < math.inf:
             self.movers[w] += 1
             self._first_boundary(w, rid)
         heapq.heappush(self.ends[w], (v + self.length[rid] - done, end_id, rid))
+
+    def _join_cohort(self, w: int, rid: int) -> None:
+        if self.step[rid]:
+            self.cohorts[w].setdefault((self.v0[rid], self.step[rid]), {})[rid] = None
+
+    def _leave_cohort(self, w: int, rid: int) -> None:
+        if self.step[rid]:
+            key = (self.v0[rid], self.step[rid])
+            members = self.cohorts[w][key]
+            del members[rid]
+            if not members:
+                del self.cohorts[w][key]
+
+    def _at_boundary(self, w: int, v: float, tol: float, ended: list) -> None:
+        """Append (seq, rid, generated) of the worker's requests at a chunk boundary now
+        that does not end them."""
+        g0, length, seq_of = self.g0, self.length, self.seq_of
+        for (v0, c), members in self.cohorts[w].items():
+            k = round((v - v0) / c)
+            if v - v0 >= c - tol and abs((v - v0) / c - k) * c <= tol:
+                for rid in members:
+                    gen = g0[rid] + c * k
+                    if gen < length[rid]:
+                        ended.append((seq_of[rid], rid, gen))
 
     def _first_boundary(self, w: int, rid: int) -> None:
         """Keep the worker's cached next boundary current for a request placed now (the
@@ -127,19 +156,22 @@ class _Events(_Fluid):
         worker comes after the one whose event this is)."""
         v, best = self.clock_v[w], math.inf
         now = -EPS if w > self.current else EPS
-        length, v0, g0, step, movable = self.length, self.v0, self.g0, self.step, self.movable
-        for rid in self.running[w]:
-            c = step[rid]
-            if not c:
+        length, g0, movable = self.length, self.g0, self.movable
+        for (v0, c), members in self.cohorts[w].items():
+            first = max(1, math.floor((v - v0) / c + now) + 1)  # the cohort's next boundary
+            if v0 + first * c >= best:
                 continue
-            k = max(1, math.floor((v - v0[rid]) / c + now) + 1)
-            need = movable[rid] - g0[rid]  # the boundary must be past movable (generated)
-            if need >= k * c:
-                if math.isinf(need):
-                    continue
-                k = math.floor(need / c) + 1
-            if g0[rid] + k * c < length[rid] and v0[rid] + k * c < best:
-                best = v0[rid] + k * c
+            for rid in members:
+                k = first
+                need = movable[rid] - g0[rid]  # the boundary must be past movable (generated)
+                if need >= k * c:
+                    if math.isinf(need):
+                        continue
+                    k = math.floor(need / c) + 1
+                if g0[rid] + k * c < length[rid] and v0 + k * c < best:
+                    best = v0 + k * c
+                    if k == first:
+                        break  # none of the cohort can do better
         return best
 
     def schedule(self, w: int, boundary: bool) -> None:
@@ -205,12 +237,7 @@ class _Events(_Fluid):
                 if rid in running and end_id == self.end_id[rid]:
                     ended.append((self.seq_of[rid], rid, self.length[rid]))
             if self.was_candidate[w]:
-                for rid in running:
-                    c, v0 = self.step[rid], self.v0[rid]
-                    if c and v - v0 >= c - tol and abs((v - v0) / c - round((v - v0) / c)) * c <= tol:
-                        gen = self.g0[rid] + c * round((v - v0) / c)
-                        if gen < self.length[rid]:
-                            ended.append((self.seq_of[rid], rid, gen))
+                self._at_boundary(w, v, tol, ended)
             if not ended:  # a stale boundary (the candidate bar moved since)
                 self.touched.add(w)
                 self.refresh()
@@ -218,6 +245,7 @@ class _Events(_Fluid):
             ended.sort()
             for _, rid, _ in ended:
                 del self.running[w][rid]
+                self._leave_cohort(w, rid)
                 self.left_v[rid] = v
                 self.movers[w] -= self.movable[rid] < math.inf
             self.cluster.changed(w, -len(ended))
