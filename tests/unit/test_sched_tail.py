@@ -48,3 +48,14 @@ def test_bad_knobs():
         TailBatching(overprovision=-0.1)
     with pytest.raises(ValueError, match="max_waits must be >= 0"):
         TailBatching(max_waits=-1)
+
+
+def test_bucketed_steps_batch_the_predicted_long_prompts_together():
+    # 4 prompts a window (2 steps of 2), longest first: (10, 5), (3, 2) then (9, 8), (7, 6)
+    lengths = (10, 2, 3, 5, 6, 7, 8, 9)
+    reports = run(TailBatching(overprovision=0.0, bucket_steps=2), steps=4, lengths=lengths)
+    assert [r.step_s for r in reports] == [10.0, 3.0, 9.0, 7.0]  # 29 s, against 10+5+7+9
+    assert [r.step_s for r in run(None, steps=4, lengths=lengths)] == [10.0, 5.0, 7.0, 9.0]
+    assert all(r.deferred == 0 for r in reports)
+    with pytest.raises(ValueError, match="bucket_steps must be >= 1"):
+        TailBatching(bucket_steps=0)
