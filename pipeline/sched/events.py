@@ -41,9 +41,13 @@ class _Cluster(Workers):
         self.by_load[0].update(range(workers))
 
     def changed(self, worker: int, delta: int) -> None:
-        self.by_load[self.loads[worker]].discard(worker)
-        super().changed(worker, delta)
-        self.by_load[self.loads[worker]].add(worker)
+        # the base class's bookkeeping, inlined: this runs on every start and stop
+        old = self.loads[worker]
+        self.loads[worker] = new = old + delta
+        if new < self.capacity:
+            heapq.heappush(self.heap, (new, worker))
+        self.by_load[old].discard(worker)
+        self.by_load[new].add(worker)
         self.sim.touched.add(worker)
 
 
@@ -78,7 +82,8 @@ class _Events(_Fluid):
         group, sample = chunk.request
         rid = self.offset[group] + sample
         done, last = self.generated[rid], self.last_worker[rid]
-        self.sync(w, self.now)
+        if self.now > self.clock_t[w]:
+            self.sync(w, self.now)
         if last == w and self.left_v[rid] == self.clock_v[w]:
             # put back where it stopped, nothing ran since: its completion is unchanged
             self.seq_of[rid], self.chunk[rid] = next(self.seq), chunk
@@ -116,6 +121,22 @@ class _Events(_Fluid):
             del members[rid]
             if not members:
                 del self.cohorts[w][key]
+
+    def _stopping(self, w: int, v: float, tol: float, ended: list) -> None:
+        """Add to `ended` the requests at a chunk boundary now, less those the dispatcher
+        says it would put straight back (`Dispatcher.stays`): they run on untouched."""
+        at: list = []
+        self._at_boundary(w, v, tol, at)
+        if not at:
+            return
+        at.sort()
+        chunk = self.chunk
+        stays = self.d.stays(self.cluster, w, [(chunk[rid].request, gen) for _, rid, gen in at],
+                             len(ended))
+        if stays:
+            stays = set(stays)
+            at = [e for e in at if chunk[e[1]].request not in stays]
+        ended.extend(at)
 
     def _at_boundary(self, w: int, v: float, tol: float, ended: list) -> None:
         """Append (seq, rid, generated) of the worker's requests at a chunk boundary now
@@ -237,7 +258,7 @@ class _Events(_Fluid):
                 if rid in running and end_id == self.end_id[rid]:
                     ended.append((self.seq_of[rid], rid, self.length[rid]))
             if self.was_candidate[w]:
-                self._at_boundary(w, v, tol, ended)
+                self._stopping(w, v, tol, ended)
             if not ended:  # a stale boundary (the candidate bar moved since)
                 self.touched.add(w)
                 self.refresh()

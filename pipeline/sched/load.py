@@ -47,7 +47,8 @@ class LoadEstimate:
         self.lengths = [[] for _ in range(workers)]  # max-heaps (negated) of outstanding lengths
         self.removed = [Counter() for _ in range(workers)]
         self.unavailable: set[int] = set()
-        self.heap = [(self.time(w), w) for w in range(workers)]  # (time, worker); stale skipped
+        self.current = [self.time(w) for w in range(workers)]  # time(w) as of its last change
+        self.heap = [(t, w) for w, t in enumerate(self.current)]  # (time, worker); stale skipped
 
     def longest(self, w: int) -> float:
         heap, removed = self.lengths[w], self.removed[w]
@@ -85,7 +86,7 @@ class LoadEstimate:
         heap = self.heap
         while heap:
             t, w = heap[0]
-            if w in self.unavailable or t != self.time(w):
+            if w in self.unavailable or t != self.current[w]:
                 heapq.heappop(heap)
                 continue
             return w
@@ -100,7 +101,8 @@ class LoadEstimate:
             self.unavailable.add(w)
 
     def _push(self, w: int) -> None:
-        heapq.heappush(self.heap, (self.time(w), w))
+        self.current[w] = t = self.time(w)
+        heapq.heappush(self.heap, (t, w))
 
 
 __all__ = ["LoadEstimate", "SPEC_COST_MODELS"]

@@ -89,6 +89,17 @@ class ListDispatcher(Dispatcher):
     def stuck(self) -> bool:
         return bool(self.continuing)
 
+    def stays(self, cluster, worker, stopping, finished):
+        """The requests before the first overrun one: they continue in place, in order."""
+        if self.continuing:
+            return ()
+        out = []
+        for request, generated in stopping:
+            if self.overrun is not None and self.overrun(request, generated):
+                break
+            out.append(request)
+        return out
+
 
 class StaticPolicy(Placement):
     name = "static"

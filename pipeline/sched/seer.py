@@ -164,6 +164,20 @@ class SeerDispatcher(Dispatcher):
     def stuck(self) -> bool:
         return bool(self.continuing)
 
+    def stays(self, cluster, worker, stopping, finished):
+        """`dispatch` takes the continuations longest-running first. The worker's own
+        load, down by everything that stopped, counts back up as they stay; none can move
+        before it reaches the least-loaded other worker's load + migrate_gap."""
+        if self.continuing or not stopping:
+            return ()
+        target = cluster.least_loaded()
+        if target is None or target == worker:
+            return ()
+        own = cluster.load(worker) - len(stopping) - finished
+        quiet = min(len(stopping), max(0, cluster.load(target) + self.migrate_gap - own))
+        order = sorted(stopping, key=lambda s: -s[1])
+        return [request for request, _ in order[:quiet]]
+
     def count(self, state: RequestState) -> int:
         """Requests of the step in `state`."""
         return sum(1 for s in self.state.values() if s is state)

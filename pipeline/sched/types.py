@@ -151,6 +151,14 @@ class Dispatcher(ABC):
         """Continuations wait for a free slot: then any worker's boundary may matter."""
         return False
 
+    def stays(self, cluster: Cluster, worker: int, stopping: Sequence[tuple[Request, int]],
+              finished: int) -> Sequence[Request]:
+        """Of the requests `stopping` at a chunk boundary on `worker` now ((request,
+        generated), in the order `chunk_done` would get them; `finished` others end there
+        at the same moment), those `dispatch` would put back on `worker` before it places
+        anything else. A simulator may leave them running instead (none by default)."""
+        return ()
+
     @abstractmethod
     def dispatch(self, cluster: Cluster, freed: Sequence[int]) -> None:
         """Fill free slots by calling `cluster.assign`."""

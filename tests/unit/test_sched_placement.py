@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections import deque
 
 import pytest
 
@@ -259,3 +260,44 @@ def test_seer_keeps_siblings_together_where_that_ends_no_later():
     d.dispatch(cluster, [0, 1])
     where = {c.request: w for w, c in cluster.started}
     assert where[R(1, 0)] == where[R(1, 1)] != where[R(0, 0)]
+
+
+def boundary(dispatcher, cluster, w, stopping):
+    """Stop `stopping` ((request, generated)) at a chunk boundary on w, the runtime's way,
+    and return which of them were put back on w."""
+    cluster.loads[w] -= len(stopping)
+    for request, generated in stopping:
+        dispatcher.chunk_done(Chunk(request, 64), w, generated, False)
+    before = len(cluster.started)
+    dispatcher.dispatch(cluster, [w])
+    return {c.request for v, c in cluster.started[before:] if v == w}
+
+
+def test_seers_stay_hint_names_what_dispatch_puts_back_first():
+    # worker 0 runs 12, worker 1 runs 2; 10 stop on worker 0: its load is 2 again, and
+    # the first 8 of them (most generated first) stay before 2 + gap 8 = 10 is reached
+    gs = [GroupWork(f"p{i}", 1, 5000.0) for i in range(14)]
+    d = SeerDispatcher(gs, 2, PlacementParams(chunk_tokens=64, migrate_gap=8, capacity=32))
+    cluster = FakeCluster(2, 32)
+    cluster.loads = [12, 2]
+    for i in range(14):
+        d.state[R(i)] = RequestState.RUNNING
+        d.placed[R(i)] = 5000.0
+    d.probes.clear()
+    d.unstarted_rest = 0
+    stopping = [(R(i), 640 + 64 * (i % 5)) for i in range(10)]
+    hint = d.stays(cluster, 0, stopping, 0)
+    assert len(hint) == 8
+    back = boundary(d, cluster, 0, stopping)
+    order = [r for r, _ in sorted(stopping, key=lambda s: -s[1])]
+    assert set(hint) == set(order[:8]) <= back and d.migrations == 1
+
+
+def test_histopipes_stay_hint_is_the_prefix_before_the_first_overrun():
+    d = make_policy("histopipe", PlacementParams(chunk_tokens=64)).dispatcher(groups(100, 100, 100), 2)
+    cluster = FakeCluster(2, 32)
+    cluster.loads = [3, 0]
+    stopping = [(R(0), 64), (R(1), 1024), (R(2), 64)]  # R(1) overran its prediction
+    assert d.stays(cluster, 0, stopping, 0) == [R(0)]
+    d.queues = [deque(), deque()]
+    assert R(0) in boundary(d, cluster, 0, stopping)
