@@ -50,7 +50,7 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))  # PYTHONPATH may poin
 from pipeline.history.store import prompt_hash  # noqa: E402
 from pipeline.rollout.proposer import RhymeProposer, attach  # noqa: E402
 from pipeline.costs import CostModel  # noqa: E402
-from pipeline.drafting.budget import BudgetConfig, DraftBudget  # noqa: E402
+from pipeline.drafting.budget import BudgetConfig, DraftBudget, TreeBudget  # noqa: E402
 from pipeline.drafting.critical import CriticalBudget, CriticalConfig  # noqa: E402
 from pipeline.drafting.drafter import GroupDrafter  # noqa: E402
 from pipeline.drafting.inputs import DrafterConfig, HistoryResponse  # noqa: E402
@@ -198,6 +198,8 @@ def build(method: str, cost: CostModel, max_spec: int, max_model_len: int, max_r
     drafter = GroupDrafter(DrafterConfig.for_method(method))
     if kind == "critical":  # as pipeline.drafting.build.make_budget; cost learnt per pass
         budget = CriticalBudget(CriticalConfig(max_len=max_spec))
+    elif kind == "tree":  # the default (spec.budget: tree)
+        budget = TreeBudget(max_spec)
     else:  # as pipeline.drafting.build.budget_config, with this machine's pass cost
         budget = DraftBudget(BudgetConfig(max_len=max_spec, start_len=min(2, max_spec),
                                           min_len=1, cost=cost))
@@ -379,7 +381,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--method", default="history+group",
                     choices=["history", "group", "history+group"])
-    ap.add_argument("--budget", choices=("critical", "throughput"), default="critical")
+    ap.add_argument("--budget", choices=("tree", "critical", "throughput"), default="tree")
     ap.add_argument("--groups", type=int, default=32)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--history", type=int, default=16, help="history responses per prompt")
