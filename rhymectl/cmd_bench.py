@@ -205,6 +205,11 @@ def sched(
                                      help="Tokens per chunk (seer; histopipe's migration points)."),
     epoch: Optional[int] = typer.Option(None, "--epoch", help="Trace epoch to replay [the newest full one]."),
     seed: int = typer.Option(0, "--seed", help="Seed of the draw."),
+    tier2_workers_frac: float = typer.Option(SchedConfig().tier2_workers_frac, "--tier2-workers-frac",
+                                             min=0.0, max=0.999, help="tier2: share of workers reserved "
+                                             "for the longest predicted groups."),
+    tier2_max_seqs: int = typer.Option(SchedConfig().tier2_max_seqs, "--tier2-max-seqs", min=1,
+                                       help="tier2: sequences per reserved worker."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Gantt PNG [RUN_DIR/report/bench-sched-wW.png, "
                                                              "or ./bench-sched-TRACE-wW.png]."),
     json_out: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
@@ -232,7 +237,8 @@ def sched(
     lengths = trace_from_history(run_dir) if trace is None else read_trace(trace, columns, tokenizer)
     setup = BenchSetup(policies=names, workers=workers, spec=spec, capacity=capacity,
                        requests_per_worker=requests_per_worker, chunk_tokens=chunk_tokens,
-                       epoch=epoch, seed=seed)
+                       epoch=epoch, seed=seed, tier2_workers_frac=tier2_workers_frac,
+                       tier2_max_seqs=tier2_max_seqs)
     if simulate:
         results = run_bench(lengths, setup)
     else:

@@ -163,3 +163,16 @@ def test_occupancy_averages_running_requests_per_bin():
 
 def test_trace_file_requests_bound_the_workers(trace_file):
     assert read_trace(trace_file).requests == 20
+
+
+def test_tier2_options_reach_the_placement(run_dir, monkeypatch, capsys):
+    base = ["bench", "sched", str(run_dir), "--simulate", "--workers", "4", "--policies",
+            "histopipe,tier2", "--requests-per-worker", "8", "--json"]
+    code, out, _ = main(monkeypatch, capsys, *base, "--tier2-workers-frac", "0")
+    assert code == 0
+    off = json.loads(out)["policies"]
+    assert off["tier2"]["makespan_s"] == off["histopipe"]["makespan_s"]  # no reserved worker
+    code, out, _ = main(monkeypatch, capsys, *base, "--tier2-workers-frac", "0.5",
+                        "--tier2-max-seqs", "2")
+    assert code == 0
+    assert json.loads(out)["policies"]["tier2"]["makespan_s"] != off["tier2"]["makespan_s"]
