@@ -25,7 +25,8 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; else sized from host RAM minus RSS
 
 N_PROMPTS, GROUP, MAX_TOKENS, SPEC_K = 128, 4, 48, 8
-SEED_HISTORY, SEED_EVAL = 100_000, 0
+SEED_HISTORY = 100_000
+EVAL_SEEDS = (0, 1_000, 2_000, 3_000)  # 4 draws of the 512 requests, pooled
 
 
 def _llm(model_dir, **extra):
@@ -101,7 +102,7 @@ def run_lossless(model_dir) -> dict:
         t0 = time.perf_counter()
         plain_llm = _llm(model_dir)
         history = _sample(plain_llm, prompts, SEED_HISTORY)
-        plain = _sample(plain_llm, prompts, SEED_EVAL)
+        plain = {seed: _sample(plain_llm, prompts, seed) for seed in EVAL_SEEDS}
         del plain_llm
         timings["plain"] = time.perf_counter() - t0
 
@@ -116,39 +117,52 @@ def run_lossless(model_dir) -> dict:
                                                  history[i * GROUP:(i + 1) * GROUP]])
         proposer.reset_stats()
 
-        def spec_arm():
-            out = _sample(llm, prompts, SEED_EVAL)
-            proposer.end_step()
-            return out, proposer.reset_stats()
+        def spec_arm(seeds):
+            """Responses of every seed; the first seed's proposer stats."""
+            out, stats = [], []
+            for seed in seeds:
+                out += _sample(llm, prompts, seed)
+                proposer.end_step()
+                stats.append(proposer.reset_stats())
+            return out, stats[0]
 
-        spec, spec_stats = spec_arm()
+        spec, spec_stats = spec_arm(EVAL_SEEDS)
         timings["spec_fixed"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         rejection_sampler.expand_batch_to_tokens = unpatched  # read at call time
         try:
-            broken, broken_stats = spec_arm()
+            broken, broken_stats = spec_arm(EVAL_SEEDS[:1])  # it fails on one draw
         finally:
             rejection_sampler.expand_batch_to_tokens = fixed
         timings["spec_broken"] = time.perf_counter() - t0
     finally:
         rejection_sampler.expand_batch_to_tokens = was  # the patch state we found
-    return {"fixed": compare(plain, spec), "broken": compare(plain, broken),
+    pooled = [r for seed in EVAL_SEEDS for r in plain[seed]]
+    return {"fixed": compare(pooled, spec), "broken": compare(plain[EVAL_SEEDS[0]], broken),
             "stats": spec_stats, "broken_stats": broken_stats, "timings": timings}
 
 
 def test_temperature_one_distribution_is_unchanged_by_speculation_only_with_the_fix(
         tiny_model):
     """Chi-square homogeneity on token-id counts + Mann-Whitney U on response lengths,
-    plain vs speculative (history + group drafts), 128 prompts x 4, T=1, max_tokens 48.
+    plain vs speculative (history + group drafts), 128 prompts x 4, T=1, max_tokens 48,
+    four draws (EVAL_SEEDS) pooled: about 62,000 tokens an arm.
 
-    Observed on 2 CPU cores (~28 s after the model is built): plain 14,802 tokens (mean
-    length 28.9), spec 14,673-14,696 tokens (mean 28.7); with the fix chi-square
-    p = 0.21-0.25 (18 bins, rare tokens pooled), Mann-Whitney p = 0.79-0.82; acceptance
-    52 %, tau 2.4. Without the fix: acceptance 3-5 %, tau 1.03, mean length 38-39,
-    chi-square p = 0.0 (chi2 2,500-4,200), Mann-Whitney p ~ 1e-23 .. 1e-28.
-    The plain arm is reproducible token for token; the spec arm varies slightly from run
-    to run (its random draws follow the draft lengths, and the broken arm reads
-    uninitialised memory), hence ranges and thresholds far from the observed values.
+    Why four draws: a level-1e-3 test on one fixed draw fails once in a thousand model
+    builds even when nothing is wrong. The model the suite built on 2026-12-01 (SFT
+    numerics differ between machines) hit that with the single draw this test used
+    before: seed 0 gave chi-square p = 0.00024 while seeds 1,000, 2,000 and 3,000 gave
+    0.82, 0.37 and 0.23 (Mann-Whitney p 0.50, 0.51, 0.93, 0.81). Pooled, that model gives
+    chi-square p = 0.031 (chi2 29.4, 18 bins) and Mann-Whitney p = 0.71; a real bias would
+    only get easier to see with four times the tokens. On an earlier build one draw gave
+    p = 0.21-0.25.
+
+    Without the fix (one draw): mean length 36-39 against 29-30, chi-square p = 0.0
+    (chi2 2,500-4,200), Mann-Whitney p ~ 1e-11 .. 1e-28 (acceptance 3-5 % on the earlier
+    build). The plain
+    arm is reproducible token for token; the spec arm may vary slightly from run to run
+    (its random draws follow the draft lengths, and the broken arm reads uninitialised
+    memory), hence thresholds far from the observed values.
     """
     r = run_lossless(tiny_model)
     fixed, broken, stats = r["fixed"], r["broken"], r["stats"]
