@@ -210,6 +210,10 @@ def sched(
                                              "for the longest predicted groups."),
     tier2_max_seqs: int = typer.Option(SchedConfig().tier2_max_seqs, "--tier2-max-seqs", min=1,
                                        help="tier2: sequences per reserved worker."),
+    migrate_gap: Optional[int] = typer.Option(None, "--migrate-gap", min=1,
+                                              help="A continuation moves to a worker running at least "
+                                                   "this many fewer requests (seer; histopipe's "
+                                                   "overruns) [from the requests per worker]."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Gantt PNG [RUN_DIR/report/bench-sched-wW.png, "
                                                              "or ./bench-sched-TRACE-wW.png]."),
     json_out: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
@@ -238,7 +242,7 @@ def sched(
     setup = BenchSetup(policies=names, workers=workers, spec=spec, capacity=capacity,
                        requests_per_worker=requests_per_worker, chunk_tokens=chunk_tokens,
                        epoch=epoch, seed=seed, tier2_workers_frac=tier2_workers_frac,
-                       tier2_max_seqs=tier2_max_seqs)
+                       tier2_max_seqs=tier2_max_seqs, migrate_gap=migrate_gap)
     if simulate:
         results = run_bench(lengths, setup)
     else:

@@ -36,11 +36,13 @@ class BenchSetup:
     seed: int = 0
     tier2_workers_frac: float = 0.125  # as sched.tier2_workers_frac
     tier2_max_seqs: int = 8  # as sched.tier2_max_seqs
+    migrate_gap: int | None = None  # as sched.migrate_gap (None: auto)
 
     @property
-    def tier2(self) -> dict:
+    def knobs(self) -> dict:
+        """The placement settings training takes from the `sched` config section."""
         return {"tier2_workers_frac": self.tier2_workers_frac,
-                "tier2_max_seqs": self.tier2_max_seqs}
+                "tier2_max_seqs": self.tier2_max_seqs, "migrate_gap": self.migrate_gap}
 
 
 def step_groups(trace: Trace, setup: BenchSetup) -> tuple[list[GroupWork], LengthPredictor]:
@@ -71,7 +73,7 @@ def run_bench(trace: Trace, setup: BenchSetup) -> dict[str, SimResult]:
     config = SimConfig(workers=setup.workers, capacity=setup.capacity,
                        prompt_tokens=setup.prompt_tokens, cost=cost)
     params = step_params(predictor, setup.requests_per_worker, chunk_tokens=setup.chunk_tokens,
-                         capacity=setup.capacity, cost=cost, **setup.tier2)
+                         capacity=setup.capacity, cost=cost, **setup.knobs)
     # the event-driven simulator: the chunk-by-chunk one's schedule, much faster
     results = {name: simulate_events(make_policy(name, params), groups, config)
                for name in setup.policies}

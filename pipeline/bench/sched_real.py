@@ -45,14 +45,15 @@ from pipeline.train import checkpoint
 
 
 def main(argv: list[str]) -> None:
-    run_dir, out, policies, spec_method, rpw, chunk, capacity, seed, frac, seqs, *rest = argv
+    run_dir, out, policies, spec_method, rpw, chunk, capacity, seed, frac, seqs, gap, *rest = argv
     run_dir = Path(run_dir)
     rank, world = dist.init()
     cfg = load_config(run_dir / "config.yaml", [f"spec.method={spec_method}"])
     setup = BenchSetup(policies=tuple(policies.split(",")), workers=world, spec=spec_method,
                        capacity=int(capacity), requests_per_worker=int(rpw),
                        chunk_tokens=int(chunk), epoch=int(rest[0]) if rest else None, seed=int(seed),
-                       tier2_workers_frac=float(frac), tier2_max_seqs=int(seqs))
+                       tier2_workers_frac=float(frac), tier2_max_seqs=int(seqs),
+                       migrate_gap=int(gap) or None)
     groups, predictor = step_groups(trace_from_history(run_dir), setup)
     groups = [replace(g, lengths=None) for g in groups]  # real runs find out the lengths
     text = {p.id: p.text for p in distinct(train_rows(cfg.data))}
@@ -70,7 +71,7 @@ def main(argv: list[str]) -> None:
             engine.drafting.load_history(loaded.responses(as_arrays=True))
     step_sampling = replace(sampling(cfg, 0), n=groups[0].n)
     params = step_params(predictor, setup.requests_per_worker, chunk_tokens=setup.chunk_tokens,
-                         capacity=setup.capacity, **setup.tier2)
+                         capacity=setup.capacity, **setup.knobs)
     # warm-up (unmeasured): CPU kernels see their shapes once before any policy is timed
     store = CoordinationStore(cfg.sched.store_timeout_s)
     rollout(engine, prompts, groups, step_sampling, make_policy("static", params), store=store,

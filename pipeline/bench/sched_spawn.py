@@ -20,7 +20,8 @@ def run_real(run_dir: Path, setup) -> tuple[dict, dict]:
     out.unlink(missing_ok=True)
     args = [str(run_dir), str(out), ",".join(setup.policies), setup.spec,
             str(setup.requests_per_worker), str(setup.chunk_tokens), str(setup.capacity),
-            str(setup.seed), str(setup.tier2_workers_frac), str(setup.tier2_max_seqs)] + (
+            str(setup.seed), str(setup.tier2_workers_frac), str(setup.tier2_max_seqs),
+            str(setup.migrate_gap or 0)] + (
                 [] if setup.epoch is None else [str(setup.epoch)])
     cmd = torchrun_command(setup.workers, "pipeline.bench.sched_real", *args)
     code = subprocess.call(cmd, env=torchrun_env(), stdout=sys.stderr)  # stdout: the --json object

@@ -114,6 +114,10 @@ class SchedConfig:
     tier2_workers_frac: float = field(default=0.125, metadata=_check(  # tier2: reserved workers
         "a number in [0, 1)", lambda v: 0 <= v < 1))
     tier2_max_seqs: int = positive(8)  # tier2: sequences per reserved worker
+    # a continuation moves to the least-loaded worker when that runs at least this many
+    # fewer requests (seer; histopipe's overrunning responses); null: from the requests per
+    # worker (pipeline.sched.placement.auto_migrate_gap; measured in docs/scheduling.md)
+    migrate_gap: Optional[int] = positive(None)
     sim_requests_per_worker: int = positive(64)
     tail_batching: TailBatchingConfig = field(default_factory=TailBatchingConfig)
     # how long a rank waits on the coordination store (a slow peer, a long first chunk)

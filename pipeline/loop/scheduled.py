@@ -41,8 +41,9 @@ class ScheduledRollout:
         make_policy(self.name)  # an unknown name fails here, at setup
         self.world = tp.groups  # rollout workers
         self.chunk_tokens = cfg.sched.chunk_tokens
-        self.tier2 = {"tier2_workers_frac": cfg.sched.tier2_workers_frac,
-                      "tier2_max_seqs": cfg.sched.tier2_max_seqs}
+        self.knobs = {"tier2_workers_frac": cfg.sched.tier2_workers_frac,
+                      "tier2_max_seqs": cfg.sched.tier2_max_seqs,
+                      "migrate_gap": cfg.sched.migrate_gap}
         self.capacity = cfg.rollout.max_num_seqs
         self.store = CoordinationStore(cfg.sched.store_timeout_s)
         self.lengths: dict = defaultdict(lambda: defaultdict(list))
@@ -79,7 +80,7 @@ class ScheduledRollout:
                             predictor.known(p.id)) for p in batch]
         per_worker = math.ceil(len(batch) * sampling.n / self.world)
         params = step_params(predictor, per_worker, chunk_tokens=self.chunk_tokens,
-                             capacity=self.capacity, **self.tier2)
+                             capacity=self.capacity, **self.knobs)
         self.last = rollout(ctx.engine, prompt_ids, groups, sampling,
                             make_policy(self.name, params), store=self.store,
                             capacity=self.capacity, step=step, tp_size=self.tp.tp,

@@ -175,13 +175,25 @@ def make_policy(name: str, params: PlacementParams = PlacementParams()) -> Place
 
 
 def step_params(predictor: LengthPredictor, requests_per_worker: int, *, chunk_tokens: int,
-                capacity: int, cost: CostModel = SCHED_COST, **tier2) -> PlacementParams:
+                capacity: int, cost: CostModel = SCHED_COST, migrate_gap: int | None = None,
+                **tier2) -> PlacementParams:
     """The one way a step's placement is parameterised, by training and by both benches:
     `length_floor` is the length the longest of a worker's `requests_per_worker` responses
-    probably reaches anyway (`LengthPredictor.typical_max`); tier2: tier2_workers_frac,
-    tier2_max_seqs (`pipeline.sched.tier2`)."""
+    probably reaches anyway (`LengthPredictor.typical_max`); migrate_gap: None for
+    `auto_migrate_gap`; tier2: tier2_workers_frac, tier2_max_seqs (`pipeline.sched.tier2`)."""
     return PlacementParams(chunk_tokens=chunk_tokens, cost=cost, capacity=capacity,
-                           length_floor=predictor.typical_max(requests_per_worker), **tier2)
+                           length_floor=predictor.typical_max(requests_per_worker),
+                           migrate_gap=migrate_gap or auto_migrate_gap(requests_per_worker),
+                           **tier2)
+
+
+def auto_migrate_gap(requests_per_worker: int) -> int:
+    """A continuation moves only if that frees about an eighth of a worker's batch:
+    round(requests_per_worker / 8), at least 2 (a move from L to L - 1 requests only swaps
+    the load, and re-prefilling is not free) and at most 8. Measured in docs/scheduling.md:
+    with 8-16 requests a worker a gap of 8 could hardly ever move a straggler; with about
+    100, small gaps moved thousands of requests and made the step 7-11 % longer."""
+    return max(2, min(8, round(requests_per_worker / 8)))
 
 
 def resolve_policy_name(name: str, workers: int) -> str:

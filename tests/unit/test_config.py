@@ -177,6 +177,9 @@ RULES = {
     "sched.chunk_tokens": ("0", "0", POSITIVE),
     "sched.tier2_workers_frac": ("1.0", "1.0", "a number in [0, 1)"),
     "sched.tier2_max_seqs": ("0", "0", POSITIVE),
+    "sched.migrate_gap": ("0", "0", POSITIVE),
+    "sched.tail_batching.overprovision": ("-0.5", "-0.5", NON_NEGATIVE),
+    "sched.tail_batching.max_waits": ("-1", "-1", NON_NEGATIVE),
     "sched.store_timeout_s": ("0", "0.0", POSITIVE),
     "sched.sim_requests_per_worker": ("0", "0", POSITIVE),
     "train.total_steps": ("0", "0", POSITIVE),
@@ -224,7 +227,13 @@ def _fields():
         cls = hints[section.name]
         field_hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            yield f"{section.name}.{f.name}", f, field_hints[f.name]
+            hint = field_hints[f.name]
+            if dataclasses.is_dataclass(hint):  # a nested section: sched.tail_batching
+                sub_hints = typing.get_type_hints(hint)
+                for g in dataclasses.fields(hint):
+                    yield f"{section.name}.{f.name}.{g.name}", g, sub_hints[g.name]
+                continue
+            yield f"{section.name}.{f.name}", f, hint
 
 
 def test_every_checked_or_literal_field_has_a_rule_case():

@@ -301,3 +301,13 @@ def test_histopipes_stay_hint_is_the_prefix_before_the_first_overrun():
     assert d.stays(cluster, 0, stopping, 0) == [R(0)]
     d.queues = [deque(), deque()]
     assert R(0) in boundary(d, cluster, 0, stopping)
+
+
+def test_the_migration_gap_scales_with_the_requests_per_worker():
+    from pipeline.sched.placement import auto_migrate_gap, step_params
+    from pipeline.sched.predictor import LengthPredictor
+
+    assert [auto_migrate_gap(k) for k in (1, 8, 16, 32, 48, 64, 98, 512)] == [2, 2, 2, 4, 6, 8, 8, 8]
+    predictor = LengthPredictor({}, default=100.0)
+    assert step_params(predictor, 32, chunk_tokens=64, capacity=64).migrate_gap == 4
+    assert step_params(predictor, 32, chunk_tokens=64, capacity=64, migrate_gap=3).migrate_gap == 3
