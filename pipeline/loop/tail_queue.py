@@ -47,6 +47,7 @@ class TailQueue:
         self.launch_size = math.ceil(per_worker * (1 + overprovision)) * workers
         self.position = 0  # next stream position
         self.deferred: deque[tuple[int, int, int]] = deque()  # (prompt index, epoch, waits)
+        self._pending: list[tuple[int, int, int]] = []  # the last launch, until `settle`
         self._orders: dict[int, list[int]] = {}
 
     @property

@@ -107,8 +107,7 @@ class RolloutEngine:
         for p_idx, ids in enumerate(prompts):
             for k in range(sampling.n):
                 requests.append(TokensPrompt(prompt_token_ids=list(ids)))
-                seed = None if sampling.seed is None else sampling.seed + p_idx * sampling.n + k
-                params.append(_params(sampling, seed))
+                params.append(_params(sampling, _request_seed(sampling, p_idx, k)))
         started = self._begin(prompts, sampling.n)
         try:
             outputs = self.llm.generate(requests, params, use_tqdm=False)
@@ -129,13 +128,14 @@ class RolloutEngine:
         n, must = sampling.n, [i for i, p in enumerate(pinned) if p][:keep]
         self.open_stream(prompts, n)
         got: list[dict[int, Completion]] = [{} for _ in prompts]
-        done_order: list[int] = []
+        done_order: list[int] = []  # complete groups, in the order they completed
         try:
             for p_idx, ids in enumerate(prompts):
                 for k in range(n):
-                    seed = None if sampling.seed is None else sampling.seed + p_idx * n + k
+                    seed = _request_seed(sampling, p_idx, k)
                     self.submit(f"{p_idx}:{k}", ids, replace(sampling, n=1, seed=seed))
-            while self.busy() and not _enough(done_order, must, keep):
+            while self.busy() and not (len(done_order) >= keep
+                                       and all(len(got[p]) == n for p in must)):
                 for key, completion in self.step():
                     p_idx, k = map(int, key.split(":"))
                     got[p_idx][k] = completion
@@ -284,10 +284,10 @@ class RolloutEngine:
             self.llm.wake_up()
 
 
-def _enough(done_order: Sequence[int], must: Sequence[int], keep: int) -> bool:
-    """Whether the groups completed so far (in order) hold every pinned one and `keep` in all."""
-    done = set(done_order)
-    return all(p in done for p in must) and len(done) >= keep
+def _request_seed(sampling: Sampling, p_idx: int, k: int) -> int | None:
+    """Response k of prompt p_idx is seeded on its own, so a step samples the same way
+    however its requests are batched."""
+    return None if sampling.seed is None else sampling.seed + p_idx * sampling.n + k
 
 
 def _params(sampling: Sampling, seed: int | None, **extra):

@@ -58,14 +58,14 @@ class LoadEstimate:
         return -heap[0] if heap else 0.0
 
     def time(self, w: int) -> float:
-        tokens = self.tokens[w]
-        passes = max(self.longest(w), self.floor, tokens / self.capacity)
-        return self.cost.base_s * passes + self.cost.per_token_s * tokens
+        return self._time(self.longest(w), self.tokens[w])
 
     def time_with(self, w: int, length: float) -> float:
         """The worker's predicted time if one more request of `length` were placed on it."""
-        tokens = self.tokens[w] + length
-        passes = max(self.longest(w), length, self.floor, tokens / self.capacity)
+        return self._time(max(self.longest(w), length), self.tokens[w] + length)
+
+    def _time(self, longest: float, tokens: float) -> float:
+        passes = max(longest, self.floor, tokens / self.capacity)
         return self.cost.base_s * passes + self.cost.per_token_s * tokens
 
     def add(self, w: int, length: float, count: int = 1) -> None:
