@@ -85,6 +85,11 @@ class SpecConfig:
     num_speculative_tokens: int = positive(8)  # per-request draft length cap
     history_epochs: int = positive(2)  # K: epochs of history per prompt tree
     min_path_prob: float = fraction(0.1)  # cut drafts where the path probability falls below
+    # a draft is at most max_spec_factor * (tokens of context matched) long: short matches
+    # draft little. null: each method's default, 0.5 for rhymectl's drafters (measured in
+    # docs/speculation.md), vLLM's own (1.0) for `suffix`; a number sets both (for suffix,
+    # vLLM's suffix_decoding_max_spec_factor)
+    max_spec_factor: Optional[float] = positive(None)
     reward_weighted: bool = False  # RhymeRL's reward-aware tree
     max_cached_prompts: int = positive(4096)  # trees kept outside the current batch
     # tree: every request drafts what its trees support (path probability >= min_path_prob,

@@ -15,8 +15,12 @@ structure, independent of vLLM (the proposer in `pipeline.rollout.proposer` feed
 
 `draft` asks each tree for the most frequent continuation of the longest matching suffix,
 cut where the path probability falls below `min_path_prob`, and keeps the best-scoring draft
-(score = expected accepted tokens), as arctic-inference's cache does for its local and
-global trees; ties go to the prompt's own tree.
+(score = expected accepted tokens); ties go to the prompt's own tree. The global tree is
+asked only when the prompt's own trees offer nothing (`global_fallback`, default): at T = 1
+a global draft that outscored the prompt's own displaced better ones (its counts, pooled
+over prompts, look sure for patterns this prompt does not follow). Measured on the sort task:
+20-40 fewer passes, 7 % fewer draft tokens and 20 % less drafter time at T = 1, the same
+passes at T = 0 (docs/speculation.md); arctic-inference's cache keeps the best of both.
 
 Costs. Appending a token to a C++ tree costs microseconds, a whole history hundreds of
 them, and in a full batch the budget grants few drafts. So live tokens wait in Python
@@ -240,7 +244,7 @@ class GroupDrafter:
                 d = req.own.speculate(*args)
                 if d.score > best.score:
                     best, source = d, "own"
-        if cfg.use_global:
+        if cfg.use_global and (not cfg.global_fallback or not best.token_ids):
             self._global.flush(self._live.take_unsent())
             if best.score < max_tokens and self._global.num_seqs:
                 d = self._global.speculate(*args)

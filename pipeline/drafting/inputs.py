@@ -24,7 +24,9 @@ class DrafterConfig:
     global_live: with siblings on, live responses also enter the global tree (drafts for
     other prompts' requests). Off by default: it doubles the tree work per live token and,
     measured with `rhymectl bench spec`, the cross-prompt format is already in the global
-    tree through the history.
+    tree through the history;
+    global_fallback: ask the global tree only when the prompt's own trees offer no draft
+    (default; False: keep whichever draft scores higher).
     """
 
     use_history: bool = True
@@ -39,6 +41,7 @@ class DrafterConfig:
     max_cached_prompts: int = 4096
     max_global_responses: int = 10000
     global_live: bool = False
+    global_fallback: bool = True
 
     @classmethod
     def for_method(cls, method: str, **kwargs) -> "DrafterConfig":

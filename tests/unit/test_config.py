@@ -173,6 +173,7 @@ RULES = {
     "spec.num_speculative_tokens": ("0", "0", POSITIVE),
     "spec.history_epochs": ("0", "0", POSITIVE),
     "spec.min_path_prob": ("0", "0.0", FRACTION),
+    "spec.max_spec_factor": ("0", "0.0", POSITIVE),
     "spec.max_cached_prompts": ("0", "0", POSITIVE),
     "sched.chunk_tokens": ("0", "0", POSITIVE),
     "sched.tier2_workers_frac": ("1.0", "1.0", "a number in [0, 1)"),

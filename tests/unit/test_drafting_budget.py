@@ -129,10 +129,10 @@ def test_spec_config_maps_to_drafter_and_budget():
     from pipeline.drafting.build import budget_config, drafter_config
 
     spec = SpecConfig(method="history+group", num_speculative_tokens=1, min_path_prob=0.3,
-                      reward_weighted=True, max_cached_prompts=7)
+                      reward_weighted=True, max_cached_prompts=7, max_spec_factor=0.5)
     d = drafter_config(spec)
     assert (d.use_history, d.use_siblings, d.min_path_prob, d.reward_weighted,
-            d.max_cached_prompts) == (True, True, 0.3, True, 7)
+            d.max_cached_prompts, d.max_spec_factor) == (True, True, 0.3, True, 7, 0.5)
     b = budget_config(spec)
     assert (b.max_len, b.start_len, b.min_len) == (1, 1, 1)
     with pytest.raises(ValueError, match="expected one of"):

@@ -223,6 +223,23 @@ def test_better_scoring_local_draft_beats_the_global_one():
     assert wins["prompt"] == 2 and wins["global"] == 0
 
 
+def test_the_global_tree_is_asked_only_when_the_prompt_trees_offer_nothing():
+    """Measured (docs/speculation.md): letting a higher-scoring global draft displace the
+    prompt's own cost passes at T = 1 (the global tree's counts look sure for patterns
+    that this prompt's responses do not follow). By default it is a fallback."""
+    for fallback, want, source in ((True, [41, 42], "prompt"), (False, [41, 43, 44], "global")):
+        d = drafter(use_siblings=False, global_fallback=fallback)
+        # another prompt's history makes "40 41 43 44" certain in the global tree
+        d.set_history(prompt_hash(Q), hist(*[[40, 41, 43, 44]] * 6))
+        # P's own: "40 41" then 42 once, 45 once (path probability 0.5 at the third token)
+        d.set_history(prompt_hash(P), hist([40, 41, 42], [40, 41, 45]))
+        d.start("p", P, [40])
+        assert d.draft("p", 8).token_ids[:len(want)] == want
+        assert d.stats().wins[source] == 1
+        d.start("fresh", R, [40])  # no history of its own: the global tree serves it
+        assert d.draft("fresh", 8).token_ids == [41, 43, 44]
+
+
 def test_global_history_is_fifo_capped():
     d = drafter(use_siblings=False, max_global_responses=2)
     for k, prompt in enumerate([Q, R, [60, 61]]):
