@@ -64,7 +64,7 @@ def compare(a: list[list[int]], b: list[list[int]], permutations: int = 999) -> 
 
     import numpy as np
     from scipy.stats import chi2 as chi2_dist
-    from scipy.stats import mannwhitneyu
+    from scipy.stats import chi2_contingency, mannwhitneyu
 
     assert len(a) == len(b), "responses must be paired by prompt"
     ca, cb = Counter(t for r in a for t in r), Counter(t for r in b for t in r)
@@ -90,12 +90,8 @@ def compare(a: list[list[int]], b: list[list[int]], permutations: int = 999) -> 
                 m[i, bins[tok]] += 1
         return m
 
-    def statistic(x, y):
-        total = x + y
-        keep = total > 0
-        x, y, total = x[keep], y[keep], total[keep]
-        ex, ey = total * x.sum() / total.sum(), total * y.sum() / total.sum()
-        return float(((x - ex) ** 2 / ex).sum() + ((y - ey) ** 2 / ey).sum())
+    def statistic(x, y):  # every bin has tokens, and swaps keep each bin's total
+        return float(chi2_contingency(np.vstack([x, y]), correction=False).statistic)
 
     ma, mb = counts(a), counts(b)
     observed = statistic(ma.sum(0), mb.sum(0))
