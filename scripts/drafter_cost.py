@@ -53,7 +53,9 @@ from pipeline.costs import CostModel  # noqa: E402
 from pipeline.drafting.budget import BudgetConfig, DraftBudget, TreeBudget  # noqa: E402
 from pipeline.drafting.critical import CriticalBudget, CriticalConfig  # noqa: E402
 from pipeline.drafting.drafter import GroupDrafter  # noqa: E402
-from pipeline.drafting.inputs import DrafterConfig, HistoryResponse  # noqa: E402
+from pipeline.config.schema import SpecConfig  # noqa: E402
+from pipeline.drafting.build import drafter_config  # noqa: E402
+from pipeline.drafting.inputs import HistoryResponse  # noqa: E402
 
 FULL_ROWS = 200  # passes with more rows count as full-batch passes
 TAIL_ROWS = 32  # passes with fewer rows count as tail passes
@@ -195,7 +197,7 @@ def build(method: str, cost: CostModel, max_spec: int, max_model_len: int, max_r
     proposer = RhymeProposer(vllm_config)
     batch = FakeInputBatch(max_reqs, max_model_len)
     runner = SimpleNamespace(input_batch=batch, drafter=proposer)
-    drafter = GroupDrafter(DrafterConfig.for_method(method))
+    drafter = GroupDrafter(drafter_config(SpecConfig(method=method)))  # the shipped defaults
     if kind == "critical":  # as pipeline.drafting.build.make_budget; cost learnt per pass
         budget = CriticalBudget(CriticalConfig(max_len=max_spec))
     elif kind == "tree":  # the default (spec.budget: tree)
