@@ -47,15 +47,20 @@ class LoadEstimate:
         self.lengths = [[] for _ in range(workers)]  # max-heaps (negated) of outstanding lengths
         self.removed = [Counter() for _ in range(workers)]
         self.unavailable: set[int] = set()
+        self._longest: list[float | None] = [0.0] * workers  # longest(w), None: recompute
         self.current = [self.time(w) for w in range(workers)]  # time(w) as of its last change
         self.heap = [(t, w) for w, t in enumerate(self.current)]  # (time, worker); stale skipped
 
     def longest(self, w: int) -> float:
+        cached = self._longest[w]
+        if cached is not None:
+            return cached
         heap, removed = self.lengths[w], self.removed[w]
         while heap and removed[-heap[0]]:
             removed[-heap[0]] -= 1
             heapq.heappop(heap)
-        return -heap[0] if heap else 0.0
+        self._longest[w] = out = -heap[0] if heap else 0.0
+        return out
 
     def time(self, w: int) -> float:
         return self._time(self.longest(w), self.tokens[w])
@@ -70,15 +75,20 @@ class LoadEstimate:
 
     def add(self, w: int, length: float, count: int = 1) -> None:
         self.tokens[w] += length * count
-        heapq.heappush(self.lengths[w], -float(length))
-        for _ in range(count - 1):
-            heapq.heappush(self.lengths[w], -float(length))
+        length = float(length)
+        for _ in range(count):
+            heapq.heappush(self.lengths[w], -length)
+        cached = self._longest[w]
+        if cached is not None and length > cached:
+            self._longest[w] = length
         self._push(w)
 
     def done(self, w: int, length: float) -> None:
         """One request of predicted `length` placed on `w` finished."""
         self.tokens[w] = max(0.0, self.tokens[w] - length)
         self.removed[w][float(length)] += 1
+        if length >= (self._longest[w] or 0.0):
+            self._longest[w] = None  # the longest may have left
         self._push(w)
 
     def best(self) -> int | None:

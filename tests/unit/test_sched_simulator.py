@@ -215,6 +215,47 @@ def test_load_estimate_skips_full_and_stale_workers():
     assert est.best() == 1  # lowest index on ties
 
 
+def test_load_estimate_longest_follows_adds_and_completions():
+    """The cached longest outstanding length equals a recount after every change."""
+    rng = random.Random(7)
+    est = LoadEstimate(4, CostModel(base_s=1.0, per_token_s=0.01), capacity=8, floor=3.0)
+    outstanding: list[list[float]] = [[] for _ in range(4)]
+    for _ in range(2000):
+        w = rng.randrange(4)
+        if outstanding[w] and rng.random() < 0.5:
+            length = outstanding[w].pop(rng.randrange(len(outstanding[w])))
+            est.done(w, length)
+        else:
+            length, count = float(rng.choice([1, 2, 5, 5, 9, 40])), rng.choice([1, 1, 3])
+            outstanding[w] += [length] * count
+            est.add(w, length, count)
+        for v in range(4):
+            assert est.longest(v) == max(outstanding[v], default=0.0)
+            tokens = sum(outstanding[v])
+            assert est.time(v) == pytest.approx(max(max(outstanding[v], default=0.0), 3.0, tokens / 8)
+                                                + 0.01 * tokens)
+
+
+def test_no_cyclic_gc_restores_the_collector():
+    import gc
+
+    from pipeline.sched.events import no_cyclic_gc
+
+    assert gc.isenabled()
+    with pytest.raises(KeyError):
+        with no_cyclic_gc():
+            assert not gc.isenabled()
+            raise KeyError("x")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with no_cyclic_gc():
+            pass
+        assert not gc.isenabled()  # left off, as it was
+    finally:
+        gc.enable()
+
+
 def test_a_thousand_workers_simulate_quickly():
     rng = random.Random(0)
     groups = random_step(rng, 1024, 8)  # 8 requests a worker
