@@ -214,6 +214,8 @@ def sched(
                                               help="A continuation moves to a worker running at least "
                                                    "this many fewer requests (seer; histopipe's "
                                                    "overruns) [from the requests per worker]."),
+    jobs: int = typer.Option(0, "--jobs", min=0, help="With --simulate: processes the policies run in "
+                                                     "at once (0: one per CPU core) [0]."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Gantt PNG [RUN_DIR/report/bench-sched-wW.png, "
                                                              "or ./bench-sched-TRACE-wW.png]."),
     json_out: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
@@ -242,7 +244,7 @@ def sched(
     setup = BenchSetup(policies=names, workers=workers, spec=spec, capacity=capacity,
                        requests_per_worker=requests_per_worker, chunk_tokens=chunk_tokens,
                        epoch=epoch, seed=seed, tier2_workers_frac=tier2_workers_frac,
-                       tier2_max_seqs=tier2_max_seqs, migrate_gap=migrate_gap)
+                       tier2_max_seqs=tier2_max_seqs, migrate_gap=migrate_gap, jobs=jobs)
     if simulate:
         results = run_bench(lengths, setup)
     else:

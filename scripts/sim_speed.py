@@ -2,12 +2,15 @@
 
 100,000 requests (12,500 prompts x 8, production-shaped lengths: `pipeline.sched.synth`)
 over 1,024 workers, every placement policy, chunks of --chunk-tokens. Prints one line per
-policy with its wall time and makespan, and the total; with --compare N, also times the
-chunk-by-chunk simulator on an N-request step and checks both give the same makespan.
+policy: first the wall time of all of them as `rhymectl bench sched --simulate` runs them,
+in --jobs processes (0: one per CPU core); then each one's time and makespan, one after
+another in this process, and whether those results are the same. With --compare N,
+also times the chunk-by-chunk simulator on an N-request step and checks both give the same
+makespan.
 
 Timing is a benchmark, not a test: run it on an idle machine for absolute numbers.
 
-    python scripts/sim_speed.py [--requests 100000] [--workers 1024] [--compare 6400]
+    python scripts/sim_speed.py [--requests 100000] [--workers 1024] [--jobs 0] [--compare 6400]
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import argparse
 import math
 import time
 
-from pipeline.bench.sched import BenchSetup, step_groups
+from pipeline.bench.sched import BenchSetup, simulate_policies, step_groups
 from pipeline.sched.events import simulate_events
 from pipeline.sched.load import SPEC_COST_MODELS
 from pipeline.sched.placement import make_policy, policy_names, step_params
@@ -55,6 +58,8 @@ def main() -> None:
     ap.add_argument("--spec", default="none")
     ap.add_argument("--compare", type=int, default=0, help="also time the old simulator on N requests")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--jobs", type=int, default=0, help="processes for the all-policies run "
+                    "(0: one per CPU core)")
     args = ap.parse_args()
 
     groups, config, params = step(args.requests, args.workers, args.chunk_tokens, args.spec, args.seed)
@@ -62,13 +67,22 @@ def main() -> None:
     tokens = sum(sum(g.lengths) for g in groups)
     print(f"event simulator: {n} requests, {tokens / 1e9:.2f} G tokens, {args.workers} workers, "
           f"chunk {args.chunk_tokens}, spec {args.spec}")
+    wall = time.perf_counter()
+    together = simulate_policies(policy_names(), groups, config, params, args.jobs)
+    wall = time.perf_counter() - wall
+    print(f"  all policies as `bench sched --simulate` runs them (--jobs {args.jobs}): "
+          f"wall {wall:.2f} s")
     total_wall = total_cpu = 0.0
+    same = True
     for name in policy_names():
         wall, cpu, r = timed(simulate_events, name, groups, config, params)
         total_wall, total_cpu = total_wall + wall, total_cpu + cpu
+        same = same and together[name].makespan_s == r.makespan_s \
+            and together[name].finish_s == r.finish_s
         print(f"  {name:10s} wall {wall:6.2f} s  cpu {cpu:6.2f} s   makespan {r.makespan_s:9.1f} s  "
               f"x ideal {r.makespan_over_ideal:.3f}  migrations {r.migrations}")
-    print(f"  all policies: wall {total_wall:.2f} s, cpu {total_cpu:.2f} s")
+    print(f"  all policies, one after another in one process: wall {total_wall:.2f} s, "
+          f"cpu {total_cpu:.2f} s; same results as the --jobs run: {same}")
     if args.compare:
         w = max(1, round(args.workers * args.compare / n))
         groups, config, params = step(args.compare, w, args.chunk_tokens, args.spec, args.seed)

@@ -9,13 +9,17 @@ size over time, policy by policy.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from typing import Sequence
 
 from pipeline.errors import UsageError
 from pipeline.sched.load import SPEC_COST_MODELS
 from pipeline.sched.placement import make_policy, step_params
 from pipeline.sched.predictor import LengthPredictor
-from pipeline.sched.events import simulate_events
+from pipeline.sched.events import no_cyclic_gc, simulate_events
 from pipeline.sched.simulator import SimConfig, SimResult
 from pipeline.sched.trace import Trace, draw_groups
 from pipeline.sched.types import GroupWork
@@ -37,6 +41,7 @@ class BenchSetup:
     tier2_workers_frac: float = 0.125  # as sched.tier2_workers_frac
     tier2_max_seqs: int = 8  # as sched.tier2_max_seqs
     migrate_gap: int | None = None  # as sched.migrate_gap (None: auto)
+    jobs: int = 1  # processes the policies run in (0: one per CPU core, at most one per policy)
 
     @property
     def knobs(self) -> dict:
@@ -74,10 +79,37 @@ def run_bench(trace: Trace, setup: BenchSetup) -> dict[str, SimResult]:
                        prompt_tokens=setup.prompt_tokens, cost=cost)
     params = step_params(predictor, setup.requests_per_worker, chunk_tokens=setup.chunk_tokens,
                          capacity=setup.capacity, cost=cost, **setup.knobs)
-    # the event-driven simulator: the chunk-by-chunk one's schedule, much faster
-    results = {name: simulate_events(make_policy(name, params), groups, config)
-               for name in setup.policies}
+    results = simulate_policies(setup.policies, groups, config, params, setup.jobs)
     return with_oracle(results, groups, config, params)
+
+
+# Relative simulation cost of each policy (measured with scripts/sim_speed.py): with
+# several processes the slowest start first, so none is left running alone at the end.
+_COST_RANK = {"seer": 0, "tier2": 1, "oracle": 2, "histopipe": 3, "static": 4}
+
+
+def simulate_policies(names: Sequence[str], groups: Sequence[GroupWork], config: SimConfig,
+                      params, jobs: int = 1) -> dict[str, SimResult]:
+    """Every policy in `names` on the same step, with the event-driven simulator (the
+    chunk-by-chunk one's schedule, much faster); in `names` order.
+
+    The policies are independent, so with `jobs` > 1 (0: one per CPU core) they run in
+    that many processes at once; the results are the same as in one process.
+    """
+    jobs = min(len(names), (os.cpu_count() or 1) if jobs == 0 else jobs)
+    if jobs <= 1:
+        return {name: _simulate(name, groups, config, params) for name in names}
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    order = sorted(names, key=lambda n: _COST_RANK.get(n, -1))
+    # (results arrive as millions of small tuples: no cyclic GC while they are unpickled)
+    with no_cyclic_gc(), ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        futures = {name: pool.submit(_simulate, name, groups, config, params) for name in order}
+        return {name: futures[name].result() for name in names}
+
+
+def _simulate(name: str, groups, config: SimConfig, params) -> SimResult:
+    return simulate_events(make_policy(name, params), groups, config)
 
 
 def with_oracle(results: dict[str, SimResult], groups, config: SimConfig, params,
@@ -96,4 +128,5 @@ def bench_json(results: dict[str, SimResult], workers: int, source: str = "simul
                          for name, r in results.items()}}
 
 
-__all__ = ["BenchSetup", "METRICS", "bench_json", "run_bench", "step_groups", "with_oracle"]
+__all__ = ["BenchSetup", "METRICS", "bench_json", "run_bench", "simulate_policies", "step_groups",
+           "with_oracle"]

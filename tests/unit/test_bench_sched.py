@@ -176,3 +176,23 @@ def test_tier2_options_reach_the_placement(run_dir, monkeypatch, capsys):
                         "--tier2-max-seqs", "2")
     assert code == 0
     assert json.loads(out)["policies"]["tier2"]["makespan_s"] != off["tier2"]["makespan_s"]
+
+
+def test_policies_in_parallel_processes_give_the_same_results(run_dir):
+    from pipeline.sched.trace import trace_from_history
+
+    trace = trace_from_history(run_dir)
+    policies = ("static", "histopipe", "tier2", "seer", "oracle")
+    one = run_bench(trace, BenchSetup(policies=policies, workers=4, requests_per_worker=16, jobs=1))
+    two = run_bench(trace, BenchSetup(policies=policies, workers=4, requests_per_worker=16, jobs=2))
+    assert list(two) == list(policies)  # the order asked for, not the order they finished
+    for name in policies:
+        assert two[name].finish_s == one[name].finish_s, name
+        assert two[name].timelines == one[name].timelines, name
+        assert two[name].summary() == one[name].summary(), name
+
+
+def test_negative_jobs_exit_2(trace_file, monkeypatch, capsys):
+    code, _, err = main(monkeypatch, capsys, "bench", "sched", "--trace", str(trace_file), "--simulate",
+                        "--jobs", "-1")
+    assert code == 2 and "Invalid value for '--jobs'" in err
