@@ -29,6 +29,12 @@ lists (`pipeline.drafting.live` keeps the running requests and their groups) and
 only when a request that reads it drafts; a prompt's tree is built when one of its
 requests first drafts; `set_history` changes only the responses that changed; a tree is
 not asked when the draft in hand cannot be beaten (max_tokens tokens, all at probability 1).
+A group feeds its prompt's tree once per change of the live set (`LiveSet.version`), not
+once per drafting sibling; and a sibling whose context, cap and trees (`SuffixTree.version`)
+are those of the prompt's last draft gets that draft without asking the trees: at T = 0 all
+siblings are in the same state, at any temperature their first tokens. Replaying the
+drafter calls of real runs (same drafts, call for call): 25 % less drafter time at T = 0,
+6 % at T = 1, none measurable at 256 sequences a step.
 
 A running response enters its prompt's tree up to the end of its previous pass: the
 newest tokens are held back. GRPO siblings start together and advance in near lockstep,
@@ -219,17 +225,29 @@ class GroupDrafter:
         cfg = self.config
         p = self._prompts[req.key]
         tree = self._prompt_tree(p)
-        for m in self._live.members(p.key):
-            # running members up to their previous pass (see the module docstring),
-            # finished ones in full
-            pos, stop = m.local_pos, m.pending if m.state is RUNNING else m.end
-            if pos is not None and pos < stop:
-                if m.local_seq is None:
-                    m.local_seq, p.next_seq = p.next_seq, p.next_seq + 1
-                tree.extend(m.local_seq, m.since(pos, stop))
-                m.local_pos = stop
-                m.trim()
-        args = (req.context(), max_tokens, cfg.min_path_prob, cfg.max_spec_factor,
+        live = self._live
+        if p.fed != live.version:  # else nothing changed since the group last fed it
+            p.fed = live.version
+            for m in live.members(p.key):
+                # running members up to their previous pass (see the module docstring),
+                # finished ones in full
+                pos, stop = m.local_pos, m.pending if m.state is RUNNING else m.end
+                if pos is not None and pos < stop:
+                    if m.local_seq is None:
+                        m.local_seq, p.next_seq = p.next_seq, p.next_seq + 1
+                    tree.extend(m.local_seq, m.since(pos, stop))
+                    m.local_pos = stop
+                    m.trim()
+        context = req.context()
+        memo = cfg.use_siblings and not cfg.global_live  # the trees are all in the key
+        if memo:
+            last, versions = p.last, (tree.version, self._global.tree.version)
+            if last is not None and last[0] == versions and last[1] == max_tokens \
+                    and last[2] == context:
+                # a sibling in the same state (GRPO siblings often share their context:
+                # all of them at T = 0, the first tokens at any temperature)
+                return self._count(*last[3:])
+        args = (context, max_tokens, cfg.min_path_prob, cfg.max_spec_factor,
                 cfg.max_spec_offset)
         best, source = tree.speculate(*args), "prompt"
         # A draft scores at most one per token: one of max_tokens tokens all at
@@ -251,6 +269,11 @@ class GroupDrafter:
                 d = self._global.speculate(*args)
                 if d.score > best.score:
                     best, source = d, "global"
+        if memo:
+            p.last = (versions, max_tokens, context, best, source)
+        return self._count(best, source)
+
+    def _count(self, best: Draft, source: str) -> Draft:
         if best.token_ids:
             self._drafts += 1
             self._drafted_tokens += len(best.token_ids)

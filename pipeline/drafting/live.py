@@ -114,6 +114,9 @@ class LiveSet:
         self._groups: dict[str, list[LiveRequest]] = {}  # key -> running + finished
         self._expected: dict[str, int] = {}
         self._unsent: dict[LiveRequest, None] = {}  # global tree lacks tokens, in order
+        # bumped whenever a request starts, gets tokens or stops: a tree fed from the
+        # groups at one version has nothing new to take until it changes
+        self.version = 0
 
     def expect(self, key: str, n: int) -> None:
         """`n` requests of prompt `key` form its group."""
@@ -149,6 +152,7 @@ class LiveSet:
         else:
             req.own_pos = 0
         req.pending = req.end - 1 if output else req.end
+        self.version += 1
         group.append(req)
         self.running[req_id] = req
         return req, replaced
@@ -158,6 +162,7 @@ class LiveSet:
         """Tokens each request just generated (lists are taken as they are: vLLM's hold
         Python ints; other sequences are converted)."""
         running = self.running
+        self.version += 1
         if not self.siblings:
             for req_id, toks in zip(req_ids, token_ids):
                 if type(toks) is not list:
@@ -188,6 +193,7 @@ class LiveSet:
         req = self.running.pop(req_id, None)
         if req is None:
             return []
+        self.version += 1
         req.state = LiveState.FINISHED
         group = self._groups[req.key]
         finished = sum(1 for m in group if m.state is LiveState.FINISHED)
@@ -199,6 +205,7 @@ class LiveSet:
     def end_group(self, key: str) -> list[LiveRequest]:
         """End prompt `key`'s group now. Returns its members, in order."""
         group = self._groups.pop(key, [])
+        self.version += 1
         for m in group:
             self._unsent.pop(m, None)
         self._expected.pop(key, None)

@@ -65,6 +65,7 @@ class SuffixTree:
         self.max_depth = max_depth
         self._tree = _CSuffixTree(max_depth)
         self._lengths: dict[int, int] = {}
+        self.version = 0  # bumped by every change: equal versions, equal drafts
 
     def extend(self, seq_id: int, tokens: TokenIds) -> None:
         """Append tokens to sequence `seq_id` (created if new)."""
@@ -72,6 +73,7 @@ class SuffixTree:
         self._lengths[seq_id] = self._lengths.get(seq_id, 0) + n
         if not n:
             return
+        self.version += 1
         if isinstance(tokens, np.ndarray):
             self._tree.extend_ndarray(seq_id, as_int32(tokens))
         else:  # short Python lists convert faster than an ndarray round trip
@@ -80,6 +82,7 @@ class SuffixTree:
     def remove(self, seq_id: int) -> None:
         """Forget sequence `seq_id`; unknown ids are ignored."""
         if self._lengths.pop(seq_id, None) is not None:
+            self.version += 1
             self._tree.remove(seq_id)
 
     def __contains__(self, seq_id: int) -> bool:

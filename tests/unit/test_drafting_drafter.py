@@ -427,3 +427,65 @@ def test_live_set_groups_and_global_queue():
     assert replaced == [a] and live.members("p") == [b, b2]
     assert live.finish("b") == [] and live.finish("a") == [b, b2]  # the group ends
     assert live.members("p") == [] and live.running == {}
+
+
+# ---------------------------------------------------------------- repeated contexts
+
+def _count_speculate(monkeypatch) -> list:
+    calls = []
+    original = SuffixTree.speculate
+
+    def counted(self, *args, **kw):
+        calls.append(args[0])
+        return original(self, *args, **kw)
+
+    monkeypatch.setattr(SuffixTree, "speculate", counted)
+    return calls
+
+
+def test_siblings_with_the_same_context_share_one_tree_query(monkeypatch):
+    """GRPO siblings in the same state (all of them at T = 0) get the draft the first one
+    got, without asking the trees again, until a tree changes or the context differs."""
+    d = drafter(use_global=False, min_path_prob=0.6)
+    d.set_history(prompt_hash(P), hist([1, 2, 3, 4, 5, 6], [1, 2, 3, 7, 8, 9]))
+    for r in ("a", "b", "c"):
+        d.start(r, P, [1])
+    calls = _count_speculate(monkeypatch)
+    first = d.draft("a", 4)
+    assert first.token_ids == [2, 3] and len(calls) == 1  # the history forks after 3
+    assert d.draft("b", 4) == first and d.draft("c", 4) == first and len(calls) == 1
+    assert d.draft("c", 2).token_ids == [2, 3] and len(calls) == 2  # another cap: asked
+    assert d.sources()["prompt"] == 4  # every draft counted, served or remembered
+    d.append_many(["a", "b", "c"], [[2, 3, 4], [2, 3, 4], [2, 3, 7]])
+    assert d.draft("a", 4).token_ids == [5, 6] and len(calls) == 3  # the group fed the tree
+    assert d.draft("b", 4).token_ids == [5, 6] and len(calls) == 3
+    assert d.draft("c", 4).token_ids == [8, 9] and len(calls) == 4  # its own context
+
+
+def test_a_rebuilt_tree_is_asked_again(monkeypatch):
+    d = drafter(use_global=False, max_cached_prompts=1)
+    d.set_history(prompt_hash(P), hist([5, 6, 7]))
+    d.set_history(prompt_hash(Q), hist([5, 6, 8]))
+    d.start("p", P, [5])
+    assert d.draft("p", 4).token_ids == [6, 7]
+    d.finish("p")
+    d.end_step()
+    d.start("q", Q, [5])  # P's tree is evicted for Q's
+    assert d.draft("q", 4).token_ids == [6, 8]
+    d.finish("q")
+    d.end_step()
+    calls = _count_speculate(monkeypatch)
+    d.start("p2", P, [5])  # same context as before, same tree version, but a new tree
+    assert d.draft("p2", 4).token_ids == [6, 7] and len(calls) == 1
+
+
+def test_suffix_tree_version_counts_changes():
+    t = SuffixTree(4)
+    t.extend(1, [])
+    assert t.version == 0
+    t.extend(1, [1, 2])
+    t.extend(2, np.array([3], dtype=np.int32))
+    t.remove(7)  # unknown: no change
+    assert t.version == 2
+    t.remove(1)
+    assert t.version == 3
