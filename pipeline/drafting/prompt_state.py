@@ -35,15 +35,15 @@ class PromptState:
     tree: SuffixTree | None = None
     next_seq: int = PROMPT_SEQ + 1
     fed: int = -1  # the drafter's LiveSet.version when its group last fed the tree
-    # the last draft from this prompt's trees: (tree version, global version, max_tokens,
-    # factor, context, draft, source); a sibling with the same context in the same tree
+    # the last draft from this prompt's trees: ((tree version, global tree version),
+    # max_tokens, context, draft, source); a sibling with the same context in the same tree
     # state gets the same draft without asking the trees again
     last: tuple | None = None
 
     def build_tree(self, max_depth: int) -> SuffixTree:
         """The prompt's tree with its prompt and history (built now if not held)."""
         if self.tree is None:
-            self.tree, self.last = SuffixTree(max_depth), None
+            self.tree, self.last, self.fed = SuffixTree(max_depth), None, -1
             self.tree.extend(PROMPT_SEQ, self.prompt_ids)
             for h in self.history:
                 self.insert(h)
@@ -66,7 +66,7 @@ class PromptState:
         h.local_seqs = []
 
     def free_tree(self) -> None:
-        self.tree, self.last = None, None
+        self.tree, self.last, self.fed = None, None, -1
         for h in self.history:
             h.local_seqs = []
 
