@@ -33,8 +33,8 @@ A group feeds its prompt's tree once per change of the live set (`LiveSet.versio
 once per drafting sibling; and a sibling whose context, cap and trees (`SuffixTree.version`)
 are those of the prompt's last draft gets that draft without asking the trees: at T = 0 all
 siblings are in the same state, at any temperature their first tokens. Replaying the
-drafter calls of real runs (same drafts, call for call): 25 % less drafter time at T = 0,
-6 % at T = 1, none measurable at 256 sequences a step.
+drafter calls of real runs (same drafts, call for call): 24 % less drafter time at T = 0,
+6-9 % at T = 0.6 and T = 1 (docs/speculation.md, "Session 8").
 
 A running response enters its prompt's tree up to the end of its previous pass: the
 newest tokens are held back. GRPO siblings start together and advance in near lockstep,
