@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Sequence
@@ -99,8 +100,10 @@ def simulate_policies(names: Sequence[str], groups: Sequence[GroupWork], config:
     jobs = min(len(names), (os.cpu_count() or 1) if jobs == 0 else jobs)
     if jobs <= 1:
         return {name: _simulate(name, groups, config, params) for name in names}
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    # fork is fast, but only safe while this process runs no other thread (a thread
+    # holding a lock at the fork would hold it forever in the child)
+    fork = "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
+    context = multiprocessing.get_context("fork" if fork else "spawn")
     order = sorted(names, key=lambda n: _COST_RANK.get(n, -1))
     # (results arrive as millions of small tuples: no cyclic GC while they are unpickled)
     with no_cyclic_gc(), ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:

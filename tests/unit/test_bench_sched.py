@@ -196,3 +196,33 @@ def test_negative_jobs_exit_2(trace_file, monkeypatch, capsys):
     code, _, err = main(monkeypatch, capsys, "bench", "sched", "--trace", str(trace_file), "--simulate",
                         "--jobs", "-1")
     assert code == 2 and "Invalid value for '--jobs'" in err
+
+
+def test_policies_run_in_spawned_processes_while_other_threads_run(run_dir, monkeypatch):
+    """With another thread alive, forking is unsafe: the policies run in spawned
+    processes instead, with the same results."""
+    import multiprocessing
+    import threading
+
+    from pipeline.bench import sched
+    from pipeline.sched.trace import trace_from_history
+
+    methods = []
+    real = multiprocessing.get_context
+    monkeypatch.setattr(sched.multiprocessing, "get_context",
+                        lambda method: methods.append(method) or real(method))
+
+    trace = trace_from_history(run_dir)
+    setup = BenchSetup(policies=("static", "seer"), workers=4, requests_per_worker=16, jobs=1)
+    one = run_bench(trace, setup)
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        two = run_bench(trace, BenchSetup(policies=("static", "seer"), workers=4,
+                                          requests_per_worker=16, jobs=2))
+    finally:
+        stop.set()
+        other.join()
+    assert methods == ["spawn"]
+    assert bench_json(two, 4) == bench_json(one, 4)
