@@ -285,10 +285,13 @@ def _render(results, workers: int, title: str) -> None:
     # short headers: the table fits 80 columns (idle: bubble ratio; tail s: the last 10 %)
     for column in ("policy", "makespan", "ideal s", "× ideal", "× oracle", "idle", "tail s", "moves"):
         table.add_column(column, justify="right", no_wrap=True)
+    def seconds(x: float) -> str:  # 4 significant digits: 0.1235, 12.35, 1858
+        return f"{x:.4g}" if x < 1e4 else f"{x:.0f}"
+
     for name, r in results.items():
         over = "–" if r.over_oracle is None else f"{r.over_oracle:.3f}"
-        table.add_row(name, f"{r.makespan_s:.3f}", f"{r.ideal_s:.3f}", f"{r.makespan_over_ideal:.3f}", over,
-                      f"{r.bubble_ratio:.1%}", f"{r.tail_s:.3f}", str(r.migrations))
+        table.add_row(name, seconds(r.makespan_s), seconds(r.ideal_s), f"{r.makespan_over_ideal:.3f}",
+                      over, f"{r.bubble_ratio:.1%}", seconds(r.tail_s), str(r.migrations))
     out.print(table)
 
 
