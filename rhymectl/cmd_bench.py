@@ -8,6 +8,7 @@ integration into training.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 from typing import List, Optional
 
@@ -246,7 +247,8 @@ def sched(
                        epoch=epoch, seed=seed, tier2_workers_frac=tier2_workers_frac,
                        tier2_max_seqs=tier2_max_seqs, migrate_gap=migrate_gap, jobs=jobs)
     if simulate:
-        results = run_bench(lengths, setup)
+        with _simulating(len(names)) as advance:
+            results = run_bench(lengths, setup, on_done=advance)
     else:
         from pipeline.bench.sched import step_groups
         from pipeline.bench.sched_spawn import run_real
@@ -276,6 +278,29 @@ def sched(
     else:
         _render(results, workers, title)
     log.print(f"Gantt chart: {plot_path}", markup=False, soft_wrap=True)
+
+
+@contextmanager
+def _simulating(policies: int):
+    """A transient progress bar on stderr, advanced as each policy's simulation ends. It
+    redraws only then: no refresh thread, so the policies' processes can still be forked.
+    Nothing is drawn when stderr is not a terminal (logs, pipes, tests)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    if not log.is_terminal:
+        yield lambda name: None
+        return
+
+    with Progress(TextColumn("bench sched: simulating"), BarColumn(), MofNCompleteColumn(),
+                  console=log, transient=True, auto_refresh=False) as progress:
+        task = progress.add_task("", total=policies)
+        progress.refresh()
+
+        def advance(name: str) -> None:
+            progress.advance(task)
+            progress.refresh()
+
+        yield advance
 
 
 def _render(results, workers: int, title: str) -> None:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import multiprocessing
 import os
 import threading
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from pipeline.errors import UsageError
 from pipeline.sched.load import SPEC_COST_MODELS
@@ -69,8 +69,10 @@ def step_groups(trace: Trace, setup: BenchSetup) -> tuple[list[GroupWork], Lengt
     return groups, predictor
 
 
-def run_bench(trace: Trace, setup: BenchSetup) -> dict[str, SimResult]:
-    """Every policy of `setup` on the same simulated step, in the order given."""
+def run_bench(trace: Trace, setup: BenchSetup,
+              on_done: Callable[[str], None] | None = None) -> dict[str, SimResult]:
+    """Every policy of `setup` on the same simulated step, in the order given;
+    `on_done(policy)` as each one finishes."""
     if setup.spec not in SPEC_COST_MODELS:
         raise ValueError(f"spec {setup.spec!r} is not simulated; choose from "
                          f"{', '.join(SPEC_COST_MODELS)}")
@@ -80,7 +82,7 @@ def run_bench(trace: Trace, setup: BenchSetup) -> dict[str, SimResult]:
                        prompt_tokens=setup.prompt_tokens, cost=cost)
     params = step_params(predictor, setup.requests_per_worker, chunk_tokens=setup.chunk_tokens,
                          capacity=setup.capacity, cost=cost, **setup.knobs)
-    results = simulate_policies(setup.policies, groups, config, params, setup.jobs)
+    results = simulate_policies(setup.policies, groups, config, params, setup.jobs, on_done)
     return with_oracle(results, groups, config, params)
 
 
@@ -90,16 +92,23 @@ _COST_RANK = {"seer": 0, "tier2": 1, "oracle": 2, "histopipe": 3, "static": 4}
 
 
 def simulate_policies(names: Sequence[str], groups: Sequence[GroupWork], config: SimConfig,
-                      params, jobs: int = 1) -> dict[str, SimResult]:
+                      params, jobs: int = 1,
+                      on_done: Callable[[str], None] | None = None) -> dict[str, SimResult]:
     """Every policy in `names` on the same step, with the event-driven simulator (the
-    chunk-by-chunk one's schedule, much faster); in `names` order.
+    chunk-by-chunk one's schedule, much faster); in `names` order. `on_done(name)` is
+    called in this process as each policy finishes (for a progress display).
 
     The policies are independent, so with `jobs` > 1 (0: one per CPU core) they run in
     that many processes at once; the results are the same as in one process.
     """
+    done = on_done or (lambda name: None)
     jobs = min(len(names), (os.cpu_count() or 1) if jobs == 0 else jobs)
     if jobs <= 1:
-        return {name: _simulate(name, groups, config, params) for name in names}
+        results = {}
+        for name in names:
+            results[name] = _simulate(name, groups, config, params)
+            done(name)
+        return results
     # fork is fast, but only safe while this process runs no other thread (a thread
     # holding a lock at the fork would hold it forever in the child)
     fork = "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
@@ -107,8 +116,12 @@ def simulate_policies(names: Sequence[str], groups: Sequence[GroupWork], config:
     order = sorted(names, key=lambda n: _COST_RANK.get(n, -1))
     # (results arrive as millions of small tuples: no cyclic GC while they are unpickled)
     with no_cyclic_gc(), ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        futures = {name: pool.submit(_simulate, name, groups, config, params) for name in order}
-        return {name: futures[name].result() for name in names}
+        futures = {pool.submit(_simulate, name, groups, config, params): name for name in order}
+        results = {}
+        for future in as_completed(futures):
+            results[futures[future]] = future.result()
+            done(futures[future])
+        return {name: results[name] for name in names}
 
 
 def _simulate(name: str, groups, config: SimConfig, params) -> SimResult:

@@ -226,3 +226,25 @@ def test_policies_run_in_spawned_processes_while_other_threads_run(run_dir, monk
         other.join()
     assert methods == ["spawn"]
     assert bench_json(two, 4) == bench_json(one, 4)
+
+
+def test_simulation_progress_draws_on_a_terminal_only_and_starts_no_thread(monkeypatch):
+    """The bar redraws only when a policy ends: no refresh thread, so `--jobs` may fork."""
+    import io
+    import threading
+
+    from rich.console import Console
+
+    buf = io.StringIO()
+    monkeypatch.setattr(cmd_bench, "log", Console(file=buf, force_terminal=True, width=80))
+    threads = threading.active_count()  # other tests may have left threads behind
+    with cmd_bench._simulating(2) as advance:
+        assert threading.active_count() == threads
+        advance("static")
+        advance("seer")
+    assert "2/2" in buf.getvalue()
+    quiet = io.StringIO()
+    monkeypatch.setattr(cmd_bench, "log", Console(file=quiet, force_terminal=False))
+    with cmd_bench._simulating(2) as advance:
+        advance("static")
+    assert quiet.getvalue() == ""
