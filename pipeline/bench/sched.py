@@ -20,8 +20,8 @@ from pipeline.errors import UsageError
 from pipeline.sched.load import SPEC_COST_MODELS
 from pipeline.sched.placement import make_policy, step_params
 from pipeline.sched.predictor import LengthPredictor
-from pipeline.sched.events import no_cyclic_gc, simulate_events
-from pipeline.sched.simulator import SimConfig, SimResult
+from pipeline.sched.events import simulate_events
+from pipeline.sched.simulator import SimConfig, SimResult, no_cyclic_gc
 from pipeline.sched.trace import Trace, draw_groups
 from pipeline.sched.types import GroupWork
 

@@ -19,16 +19,13 @@ of their running requests; a step costs O(requests + migrations + candidate boun
 
 from __future__ import annotations
 
-import gc
 import heapq
 import math
-from contextlib import contextmanager
 from typing import Sequence
 
-from pipeline.costs import bubble_ratio, tail_s
-from pipeline.sched.simulator import SimConfig, SimResult, _Fluid, ideal_s
+from pipeline.sched.simulator import SimConfig, SimResult, _Fluid, check_step, no_cyclic_gc
 from pipeline.sched.simulator import _Cluster as Workers
-from pipeline.sched.types import Chunk, Dispatcher, GroupWork, Placement, check_workers
+from pipeline.sched.types import Chunk, Dispatcher, GroupWork, Placement
 
 EPS = 1e-9
 
@@ -286,40 +283,15 @@ class _Events(_Fluid):
                                f"({self.d.pending()} still queued by the policy)")
 
 
-@contextmanager
-def no_cyclic_gc():
-    """Python's cyclic garbage collector off for the block. A step allocates millions of
-    small tuples (heap entries, timeline segments) and no reference cycles; each
-    collection would walk every live object, and with earlier results still alive (a
-    bench runs policy after policy) that made seer's run 1.6x slower on 100k requests.
-    Reference counting still frees everything."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def simulate_events(policy: Placement, groups: Sequence[GroupWork], config: SimConfig,
                     step: int = 0) -> SimResult:
     """`pipeline.sched.simulator.simulate`, event-driven: the same result, much faster
     when chunks are short compared with the responses."""
-    check_workers(groups, config.workers)
-    if any(g.lengths is None for g in groups):
-        raise ValueError("the simulator needs every group's true lengths (GroupWork.lengths)")
+    check_step(groups, config)
     with no_cyclic_gc():
         sim = _Events(groups, config, policy.dispatcher(groups, config.workers, step))
         sim.run()
-        makespan = max(sim.finish)
-        busy = [sum(end - start for start, end, _ in line) for line in sim.timelines]
-        finish = [sim.finish[sim.offset[g]:sim.offset[g + 1]] for g in range(len(groups))]
-        return SimResult(policy=policy.name, workers=config.workers, makespan_s=makespan,
-                         ideal_s=ideal_s(groups, config),
-                         bubble_ratio=bubble_ratio(busy, makespan),
-                         tail_s=tail_s(sim.finish), migrations=sim.migrations,
-                         finish_s=finish, timelines=sim.timelines)
+        return sim.result(policy.name, groups, config)
 
 
-__all__ = ["no_cyclic_gc", "simulate_events"]
+__all__ = ["simulate_events"]

@@ -239,7 +239,7 @@ def test_load_estimate_longest_follows_adds_and_completions():
 def test_no_cyclic_gc_restores_the_collector():
     import gc
 
-    from pipeline.sched.events import no_cyclic_gc
+    from pipeline.sched.simulator import no_cyclic_gc
 
     assert gc.isenabled()
     with pytest.raises(KeyError):
