@@ -63,7 +63,7 @@ import numpy as np
 from pipeline.history.store import prompt_hash
 from pipeline.drafting.global_tree import GlobalTree
 from pipeline.drafting.inputs import DrafterConfig, HistoryResponse, reward_copies
-from pipeline.drafting.live import LiveRequest, LiveSet, LiveState
+from pipeline.drafting.live import LiveRequest, LiveSet
 from pipeline.drafting.prompt_state import HistoryEntry, PromptState
 from pipeline.drafting.remaining import RemainingTracker
 from pipeline.drafting.suffix_tree import EMPTY_DRAFT, Draft, SuffixTree
@@ -79,9 +79,6 @@ class DrafterStats:
     drafts: int = 0
     drafted_tokens: int = 0
     wins: dict[str, int] = field(default_factory=lambda: {"prompt": 0, "own": 0, "global": 0})
-
-
-RUNNING = LiveState.RUNNING
 
 
 def source_shares(counts: dict[str, int]) -> dict[str, float]:
@@ -225,19 +222,7 @@ class GroupDrafter:
         cfg = self.config
         p = self._prompts[req.key]
         tree = self._prompt_tree(p)
-        live = self._live
-        if p.fed != live.version:  # else nothing changed since the group last fed it
-            p.fed = live.version
-            for m in live.members(p.key):
-                # running members up to their previous pass (see the module docstring),
-                # finished ones in full
-                pos, stop = m.local_pos, m.pending if m.state is RUNNING else m.end
-                if pos is not None and pos < stop:
-                    if m.local_seq is None:
-                        m.local_seq, p.next_seq = p.next_seq, p.next_seq + 1
-                    tree.extend(m.local_seq, m.since(pos, stop))
-                    m.local_pos = stop
-                    m.trim()
+        p.feed(self._live.members(p.key), self._live.version)
         context = req.context()
         memo = cfg.use_siblings and not cfg.global_live  # the trees are all in the key
         if memo:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipeline.drafting.live import LiveRequest, LiveState
 from pipeline.drafting.suffix_tree import SuffixTree
 
 PROMPT_SEQ = 0  # sequence id of the full prompt in its prompt tree
@@ -57,6 +58,23 @@ class PromptState:
             self.tree.extend(self.next_seq, tokens)
             h.local_seqs.append(self.next_seq)
             self.next_seq += 1
+
+    def feed(self, members: list[LiveRequest], version: int) -> None:
+        """Give the held tree what its group's members generated since it last got
+        anything: running members up to their previous pass (the drafter's module
+        docstring says why), finished ones in full. `version` is the live set's
+        (`LiveSet.version`): at the same version there is nothing new to take."""
+        if self.fed == version:
+            return
+        self.fed, tree = version, self.tree
+        for m in members:
+            pos, stop = m.local_pos, m.pending if m.state is LiveState.RUNNING else m.end
+            if pos is not None and pos < stop:
+                if m.local_seq is None:
+                    m.local_seq, self.next_seq = self.next_seq, self.next_seq + 1
+                tree.extend(m.local_seq, m.since(pos, stop))
+                m.local_pos = stop
+                m.trim()
 
     def remove(self, h: HistoryEntry) -> None:
         """History response out of the held tree (if any)."""
