@@ -4,7 +4,7 @@
 A prompt tree holds the full prompt (sequence `PROMPT_SEQ`), every history response
 preceded by the prompt's last `max_depth` tokens (so the first response tokens can be
 drafted), `copies` times each, and, with siblings on, the live responses of its group
-(whose sequence ids the drafter takes from `next_seq`). A tree can be freed at any time
+(`feed`, with sequence ids from `next_seq`). A tree can be freed once its group has ended
 and rebuilt from the prompt and its history.
 """
 
