@@ -75,6 +75,12 @@ class RolloutConfig:
     max_num_seqs: int = positive(256)
     tensor_parallel_size: int = positive(1)  # ranks per vLLM engine (a TP group)
     allow_untested_vllm: bool = False  # run on a vLLM release other than the tested one
+    # steps on which vLLM returns the sampled tokens' logprobs, so the trainer can check
+    # that the engine samples from the weights it trains (train_sampler_logprob_diff, at
+    # temperature 1): every N-th step and the first step of each process; 0 never, 1
+    # always. Training never uses them (it recomputes its own), and asking costs vLLM
+    # per-token work: 14-28 % of rollout time on the tiny model (docs/speculation.md)
+    logprob_check_every: int = non_negative(10)
 
 
 @dataclass(frozen=True)

@@ -59,10 +59,12 @@ def to_batch(rollouts: list[Rollout], pad_id: int, adv_estimator: str) -> Batch:
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     for i, s in enumerate(seqs):
         ids[i, : len(s)] = torch.tensor(s)
-    sampler = torch.zeros((len(seqs), width - 1))
-    for i, r in enumerate(rollouts):
-        start = len(r.prompt_ids) - 1  # column j scores token j+1
-        sampler[i, start: start + len(r.completion.logprobs)] = torch.tensor(r.completion.logprobs)
+    sampler = None  # vLLM's logprobs, on the steps that asked for them (all or none)
+    if all(len(r.completion.logprobs) == len(r.completion.token_ids) for r in rollouts):
+        sampler = torch.zeros((len(seqs), width - 1))
+        for i, r in enumerate(rollouts):
+            start = len(r.prompt_ids) - 1  # column j scores token j+1
+            sampler[i, start: start + len(r.completion.logprobs)] = torch.tensor(r.completion.logprobs)
     estimator = grpo.get_advantage_estimator(adv_estimator)
     # Group key: a prompt may appear twice in one batch only as distinct groups.
     groups = [(r.prompt.id, id(r.prompt)) for r in rollouts]

@@ -29,15 +29,16 @@ def rl_step(ctx: Context, step: int) -> StepResult:
     scheduler = ctx.scheduler  # None: each rank generates its own share (static split)
     launched = ctx.tail.launch() if ctx.tail else None  # tail batching: more than it trains
     epoch = max(x.epoch for x in launched) if launched else ctx.prompts.epoch_of(step)
+    params = sampling(cfg, step, first=step == ctx.start_step)
 
     with phases("rollout"):
         ctx.engine.wake()
         if launched:
-            group = tail_rollout(ctx, step, launched)
+            group = tail_rollout(ctx, params, launched)
         elif scheduler is None:
-            group = static_rollout(ctx, step)
+            group = static_rollout(ctx, step, params)
         else:
-            group = scheduler.generate(ctx, step, sampling(cfg, step))
+            group = scheduler.generate(ctx, step, params)
         ctx.engine.sleep()
     fault("after_rollout")
     busy_s = scheduler.busy_seconds(ctx.rank) if scheduler else phases.seconds["rollout"]
@@ -74,14 +75,14 @@ def rl_step(ctx: Context, step: int) -> StepResult:
     return StepResult(metrics, records)
 
 
-def tail_rollout(ctx, step: int, launched: list) -> list:
+def tail_rollout(ctx, params: Sampling, launched: list) -> list:
     """Tail batching (`pipeline.loop.tail_queue`): each rank launches its share of the
     over-provisioned batch and keeps the first groups to complete, the pinned ones among
     them, as many as its share of data.train_batch_size."""
     mine = shard(launched, ctx.rank, ctx.world_size)
     keep = ctx.tail.keep // ctx.world_size
     return rollouts.generate(ctx.engine, ctx.tokenizer, [x.prompt for x in mine],
-                             sampling(ctx.cfg, step), keep, ctx.tail.pinned(mine))
+                             params, keep, ctx.tail.pinned(mine))
 
 
 def settle_tail(tail, launched: list, records: list) -> dict:
@@ -96,24 +97,28 @@ def settle_tail(tail, launched: list, records: list) -> dict:
             "tail_queue": len(tail.deferred)}
 
 
-def static_rollout(ctx, step: int) -> list:
+def static_rollout(ctx, step: int, params: Sampling) -> list:
     """This rank's rollouts under the static split. Each TP group's engine generates the
     group's share (every rank of the group the same); the rank keeps its own 1/T of it,
     which is the share it would have had with T = 1 (see `pipeline.loop.tp_groups`)."""
     tp = ctx.tp or TPLayout(ctx.world_size)
     share = shard(ctx.prompts.batch(step), tp.group_of(ctx.rank), tp.groups)
-    out = rollouts.generate(ctx.engine, ctx.tokenizer, share, sampling(ctx.cfg, step))
+    out = rollouts.generate(ctx.engine, ctx.tokenizer, share, params)
     if tp.tp == 1:
         return out
     mine = {id(p) for p in shard(share, tp.tp_rank(ctx.rank), tp.tp)}
     return [r for r in out if id(r.prompt) in mine]
 
 
-def sampling(cfg, step: int) -> Sampling:
-    """Per-step seeds: the same step samples the same way after a resume."""
+def sampling(cfg, step: int, first: bool = False) -> Sampling:
+    """Per-step seeds: the same step samples the same way after a resume. vLLM's logprobs
+    only on sampler-check steps: every `rollout.logprob_check_every`-th and the first
+    step of a process (`first`), where a broken weight load would show."""
     r = cfg.rollout
+    every = r.logprob_check_every
     return Sampling(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                        max_tokens=r.max_tokens, seed=(cfg.run.seed * 1_000_003 + step) * 65_536)
+                    max_tokens=r.max_tokens, seed=(cfg.run.seed * 1_000_003 + step) * 65_536,
+                    logprobs=every > 0 and (first or step % every == 0))
 
 
 def step_metrics(step, epoch, version, records, everything, phases: PhaseTimer) -> dict:

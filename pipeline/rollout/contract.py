@@ -11,7 +11,8 @@ from typing import Any, Iterable, Protocol, Sequence
 
 @dataclass
 class Completion:
-    """One response. `logprobs[i]` is vLLM's logprob of `token_ids[i]` (raw target model)."""
+    """One response. `logprobs[i]` is vLLM's logprob of `token_ids[i]` (raw target model);
+    empty when the request did not ask for them (`Sampling.logprobs`)."""
 
     request_id: str
     token_ids: list[int]
@@ -29,6 +30,10 @@ class Sampling:
     top_k: int = -1
     max_tokens: int = 128
     seed: int | None = None
+    # ask vLLM for each sampled token's logprob: only the sampler check uses them (the
+    # trainer recomputes its own), and they cost vLLM per-token work (`rollout.
+    # logprob_check_every` says when the loop asks)
+    logprobs: bool = True
 
 
 class RolloutBackend(Protocol):

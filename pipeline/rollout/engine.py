@@ -291,11 +291,17 @@ def _request_seed(sampling: Sampling, p_idx: int, k: int) -> int | None:
 
 
 def _params(sampling: Sampling, seed: int | None, **extra):
-    """vLLM sampling parameters of one response (n=1), with its logprobs."""
+    """vLLM sampling parameters of one response (n=1), with its logprobs if asked.
+
+    No detokenization: callers decode the token ids they keep (once, in full), and vLLM
+    would otherwise decode every response incrementally, token by token, in the engine's
+    loop (and the text of every logprob token)."""
     from vllm import SamplingParams
 
     return SamplingParams(n=1, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-                          max_tokens=sampling.max_tokens, logprobs=0, seed=seed, **extra)
+                          max_tokens=sampling.max_tokens,
+                          logprobs=0 if sampling.logprobs else None, seed=seed,
+                          detokenize=False, **extra)
 
 
 def _completion(out, started: float) -> Completion:

@@ -63,6 +63,10 @@ def test_two_steps_record_metrics_history_and_checkpoints(uninterrupted):
         assert r["rollout_bubble_ratio"] == 0.0  # one rank: never waits for another
         assert 0.0 <= r["rollout_tail_s"] < r["time_rollout_s"]
         assert r["spec_tau"] >= 1.0  # tiny.yaml drafts with history+group by default
+    # vLLM returns logprobs only on sampler-check steps (rollout.logprob_check_every = 10:
+    # step 1 here); there the engine samples exactly from the trained weights
+    assert m[0]["train_sampler_logprob_diff"] < 1e-4
+    assert "train_sampler_logprob_diff" not in m[1]
     for step in (0, 1):
         rows = history(uninterrupted, step)
         assert len(rows) == 4 * 4  # batch × group

@@ -85,6 +85,8 @@ def test_weight_push_changes_vllm_to_the_pushed_weights(engine, tiny_model, tmp_
 
 
 def test_sampled_groups_have_logprobs_and_finish_reasons(engine, tiny_model):
+    from dataclasses import replace
+
     from transformers import AutoTokenizer
 
     from pipeline.rollout.engine import Sampling
@@ -101,6 +103,10 @@ def test_sampled_groups_have_logprobs_and_finish_reasons(engine, tiny_model):
             assert c.finish_reason != "length" or len(c.token_ids) == 24
     again = engine.generate([tok(p)["input_ids"] for p in PROMPTS[:2]], spec)
     assert [[c.token_ids for c in g] for g in again] == [[c.token_ids for c in g] for g in groups]
+    # without logprobs (the loop's steps between sampler checks): the same samples
+    bare = engine.generate([tok(p)["input_ids"] for p in PROMPTS[:2]], replace(spec, logprobs=False))
+    assert [[c.token_ids for c in g] for g in bare] == [[c.token_ids for c in g] for g in groups]
+    assert all(c.logprobs == [] for g in bare for c in g)
 
 
 def test_pass_meter_counts_every_target_pass(engine, tiny_model):

@@ -54,6 +54,7 @@ def test_grpo_with_tp_groups_and_loggers(tiny_model, tmp_path):
            "train.ppo_mini_batch_size=2", "rollout.n=4", "rollout.max_tokens=48",
            "data.max_prompt_length=24", "data.eval_size=4", "train.total_steps=2",
            "rollout.tensor_parallel_size=2", "deepspeed.zero_stage=3",
+           "rollout.logprob_check_every=1",
            "run.loggers=[jsonl,tensorboard,wandb]", "run.wandb_mode=offline",
            "--nproc", "2", "--json"]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900,

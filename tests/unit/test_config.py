@@ -169,6 +169,7 @@ RULES = {
     "rollout.gpu_memory_utilization": ("1.5", "1.5", FRACTION),
     "rollout.kv_cache_gib": ("0", "0.0", POSITIVE),
     "rollout.max_num_seqs": ("0", "0", POSITIVE),
+    "rollout.logprob_check_every": ("-1", "-1", NON_NEGATIVE),
     "rollout.tensor_parallel_size": ("0", "0", POSITIVE),
     "spec.num_speculative_tokens": ("0", "0", POSITIVE),
     "spec.history_epochs": ("0", "0", POSITIVE),
