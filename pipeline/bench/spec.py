@@ -141,8 +141,9 @@ def run_isolated(config_path: Path, overrides: list[str], plan: Plan, method: st
 
 def warmup_prompts(plan: Plan, tokenizer) -> list[list[int]]:
     """One step's worth of held-out prompts (never trained on, never measured): each engine
-    generates them once before measuring, so no method pays the CPU kernels' first-shape
-    costs inside its measurement. Empty for a user data set without data.eval_path."""
+    generates them before measuring (with and without logprobs, as training's steps ask),
+    so no method pays the CPU kernels' first-shape costs or the first logprob request's
+    compilation inside its measurement. Empty for a user data set without data.eval_path."""
 
     held_out = eval_prompts(plan.cfg.data, set())[: plan.cfg.data.train_batch_size]
     return [tokenizer(p.text)["input_ids"] for p in held_out]
@@ -157,8 +158,11 @@ def run_method(plan: Plan, method: str, work: list[EpochWork], advance,
     engine = RolloutEngine.from_config(cfg, spec=replace(cfg.spec, method=method))
     result = MethodResult(method)
     try:
-        if warmup:
-            engine.generate(list(warmup), replace(sampling(cfg, -1), seed=None))
+        # the first request with logprobs compiles vLLM's logprob gather (~1.7 s here):
+        # training pays it at its first step, which always checks the sampler
+        checks = [True, False] if cfg.rollout.logprob_check_every else [False]
+        for logprobs in checks if warmup else ():
+            engine.generate(list(warmup), replace(sampling(cfg, -1), seed=None, logprobs=logprobs))
         for ew in work:
             engine.update_weights(_policy_tensors(ew.policy_dir), ew.epoch)
             _learn_history(engine, method, ew.earlier, prompt_ids_of(work))
