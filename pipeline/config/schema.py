@@ -79,7 +79,7 @@ class RolloutConfig:
     # that the engine samples from the weights it trains (train_sampler_logprob_diff, at
     # temperature 1): every N-th step and the first step of each process; 0 never, 1
     # always. Training never uses them (it recomputes its own), and asking costs vLLM
-    # per-token work: 14-28 % of rollout time on the tiny model (docs/speculation.md)
+    # per-token work: 13-28 % of rollout time on the tiny model (docs/speculation.md)
     logprob_check_every: int = non_negative(10)
 
 

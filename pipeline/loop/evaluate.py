@@ -62,12 +62,12 @@ def evaluate(ctx: Context, prompts: list[Prompt]) -> dict:
     cfg = ctx.cfg
     tp = ctx.tp or TPLayout(ctx.world_size)
     share = prompts[tp.group_of(ctx.rank):: tp.groups]
-    greedy = Sampling(n=1, temperature=0.0, max_tokens=cfg.rollout.max_tokens)
+    greedy = Sampling(n=1, temperature=0.0, max_tokens=cfg.rollout.max_tokens, logprobs=False)
     k = cfg.run.eval_n
     r = cfg.rollout
     sampled = Sampling(n=k, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                           max_tokens=r.max_tokens,
-                           seed=(cfg.run.seed + EVAL_SEED_OFFSET) * 65_536) if k else None
+                       max_tokens=r.max_tokens, seed=(cfg.run.seed + EVAL_SEED_OFFSET) * 65_536,
+                       logprobs=False) if k else None  # scored by reward only
     mine: tuple[list[float], list[list[float]]] = ([], [])
     if share:  # every rank of a TP group drives its engine; only the leader counts
         done = rollouts.generate(ctx.engine, ctx.tokenizer, share, greedy)
