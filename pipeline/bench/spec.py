@@ -159,7 +159,7 @@ def run_method(plan: Plan, method: str, work: list[EpochWork], advance,
     result = MethodResult(method)
     try:
         # the first request with logprobs compiles vLLM's logprob gather (~1.7 s here):
-        # training pays it at its first step, which always checks the sampler
+        # training pays it once, at its first sampler-check step
         checks = [True, False] if cfg.rollout.logprob_check_every else [False]
         for logprobs in checks if warmup else ():
             engine.generate(list(warmup), replace(sampling(cfg, -1), seed=None, logprobs=logprobs))

@@ -77,9 +77,10 @@ class RolloutConfig:
     allow_untested_vllm: bool = False  # run on a vLLM release other than the tested one
     # steps on which vLLM returns the sampled tokens' logprobs, so the trainer can check
     # that the engine samples from the weights it trains (train_sampler_logprob_diff, at
-    # temperature 1): every N-th step and the first step of each process; 0 never, 1
-    # always. Training never uses them (it recomputes its own), and asking costs vLLM
-    # per-token work: 13-28 % of rollout time on the tiny model (docs/speculation.md)
+    # temperature 1): steps 0, N, 2N, ... (a resumed run checks the same steps as an
+    # uninterrupted one, so their metrics rows are equal); 0 never, 1 always. Training
+    # never uses them (it recomputes its own), and asking costs vLLM per-token work:
+    # 13-28 % of rollout time on the tiny model (docs/speculation.md)
     logprob_check_every: int = non_negative(10)
 
 

@@ -29,7 +29,7 @@ def rl_step(ctx: Context, step: int) -> StepResult:
     scheduler = ctx.scheduler  # None: each rank generates its own share (static split)
     launched = ctx.tail.launch() if ctx.tail else None  # tail batching: more than it trains
     epoch = max(x.epoch for x in launched) if launched else ctx.prompts.epoch_of(step)
-    params = sampling(cfg, step, first=step == ctx.start_step)
+    params = sampling(cfg, step)
 
     with phases("rollout"):
         ctx.engine.wake()
@@ -110,15 +110,15 @@ def static_rollout(ctx, step: int, params: Sampling) -> list:
     return [r for r in out if id(r.prompt) in mine]
 
 
-def sampling(cfg, step: int, first: bool = False) -> Sampling:
+def sampling(cfg, step: int) -> Sampling:
     """Per-step seeds: the same step samples the same way after a resume. vLLM's logprobs
-    only on sampler-check steps: every `rollout.logprob_check_every`-th and the first
-    step of a process (`first`), where a broken weight load would show."""
+    only on sampler-check steps, every `rollout.logprob_check_every`-th from step 0: by
+    step number alone, so a resumed run checks (and logs) what an uninterrupted one does."""
     r = cfg.rollout
     every = r.logprob_check_every
     return Sampling(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                     max_tokens=r.max_tokens, seed=(cfg.run.seed * 1_000_003 + step) * 65_536,
-                    logprobs=every > 0 and (first or step % every == 0))
+                    logprobs=every > 0 and step % every == 0)
 
 
 def step_metrics(step, epoch, version, records, everything, phases: PhaseTimer) -> dict:

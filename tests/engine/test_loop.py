@@ -154,7 +154,8 @@ def test_training_with_history_and_sibling_drafts(tiny_model, tmp_path):
     Step 2 runs in a resumed process: the drafter's history comes back from the index the
     checkpoint refreshed. Without the index, a resume warns and drafts live only."""
     run_dir = tmp_path / "spec"
-    args = ("spec.method=history+group", "data.train_size=4", "rollout.temperature=1.0")
+    args = ("spec.method=history+group", "data.train_size=4", "rollout.temperature=1.0",
+            "rollout.logprob_check_every=1")
     train(tiny_model, run_dir, "train.total_steps=1", *args)
     meta = json.loads((run_dir / "index" / "meta.json").read_text())
     assert meta["last_step"] == 0 and meta["rows"] == 4 * 4

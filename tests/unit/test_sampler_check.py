@@ -13,21 +13,23 @@ from pipeline.rollout.contract import Completion
 from pipeline.tasks.prompts import Prompt
 
 
-def checked(every: int, steps: range, first: int | None = None) -> list[int]:
+def checked(every: int, steps: range) -> list[int]:
     cfg = load_config(None, [f"rollout.logprob_check_every={every}"])
-    return [s for s in steps if sampling(cfg, s, first=s == first).logprobs]
+    return [s for s in steps if sampling(cfg, s).logprobs]
 
 
-def test_every_nth_step_and_the_first_of_a_process():
+def test_every_nth_step_by_step_number():
     assert checked(10, range(25)) == [0, 10, 20]
-    assert checked(10, range(13, 25), first=13) == [13, 20]  # a resumed process checks at once
+    # a run resumed at step 13 checks the steps an uninterrupted run checks
+    assert checked(10, range(13, 25)) == [20]
     assert checked(1, range(5)) == [0, 1, 2, 3, 4]
-    assert checked(0, range(25), first=0) == []  # never
+    assert checked(0, range(25)) == []  # never
 
 
 def test_the_check_does_not_change_the_seeds():
-    cfg = load_config(None, ["rollout.logprob_check_every=10"])
-    assert sampling(cfg, 10).seed == sampling(cfg, 10, first=True).seed != sampling(cfg, 11).seed
+    on = load_config(None, ["rollout.logprob_check_every=1"])
+    off = load_config(None, ["rollout.logprob_check_every=0"])
+    assert sampling(on, 10).seed == sampling(off, 10).seed != sampling(on, 11).seed
 
 
 def test_a_negative_interval_is_refused():
