@@ -63,3 +63,39 @@ def test_cli_refuses_unknown_methods_before_any_work(capsys, tmp_path):
                         "--methods", "none,eagle", "--run-dir", str(tmp_path / "b"))
     assert code == 2 and "unknown method 'eagle'" in err and "history+group" in err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "b").exists()
+
+
+class _Engine:
+    """Records what each generate call asked for (a stand-in for the vLLM engine: this
+    tests the bench's warm-up logic only)."""
+
+    drafting = None
+
+    def __init__(self):
+        self.asked = []
+
+    def generate(self, prompts, sampling):
+        self.asked.append((len(prompts), sampling.logprobs, sampling.seed))
+        return []
+
+
+@pytest.mark.parametrize("every, expected", [(10, [True, False]), (1, [True, False]),
+                                             (0, [False])])
+def test_warm_up_compiles_the_logprob_path_training_will_use(monkeypatch, tmp_path, every,
+                                                             expected):
+    """vLLM compiles its logprob gather on the first request that asks (~1.7 s on CPU):
+    the unmeasured warm-up must take that, not the first measured check step."""
+    from pipeline.bench import spec
+    from pipeline.bench.spec_plan import Plan
+    from pipeline.config import load_config
+
+    engine = _Engine()
+    monkeypatch.setattr(spec.dist, "init", lambda: None)
+    monkeypatch.setattr(spec.RolloutEngine, "from_config", lambda cfg, spec=None: engine)
+    cfg = load_config(None, [f"rollout.logprob_check_every={every}"])
+    spec.run_method(Plan(cfg, tmp_path, 1, 1), "none", [], lambda: None, [[1, 2], [3]])
+    assert [logprobs for _, logprobs, _ in engine.asked] == expected
+    assert all(n == 2 and seed is None for n, _, seed in engine.asked)
+    engine.asked.clear()
+    spec.run_method(Plan(cfg, tmp_path, 1, 1), "none", [], lambda: None, [])
+    assert engine.asked == []  # no held-out prompts: no warm-up
