@@ -160,9 +160,10 @@ def run_method(plan: Plan, method: str, work: list[EpochWork], advance,
     try:
         # the first request with logprobs compiles vLLM's logprob gather (~1.7 s here):
         # training pays it once, at its first sampler-check step
-        checks = [True, False] if cfg.rollout.logprob_check_every else [False]
-        for logprobs in checks if warmup else ():
-            engine.generate(list(warmup), replace(sampling(cfg, -1), seed=None, logprobs=logprobs))
+        if warmup:
+            for logprobs in (True, False) if cfg.rollout.logprob_check_every else (False,):
+                engine.generate(list(warmup),
+                                replace(sampling(cfg, -1), seed=None, logprobs=logprobs))
         for ew in work:
             engine.update_weights(_policy_tensors(ew.policy_dir), ew.epoch)
             _learn_history(engine, method, ew.earlier, prompt_ids_of(work))
