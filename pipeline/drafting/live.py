@@ -2,9 +2,9 @@
 GRPO group each belongs to, and the tokens each has generated that a tree has yet to get.
 
 A running request's tokens feed up to three suffix trees (`pipeline.drafting.drafter` owns
-them): its prompt's tree (with siblings on, from the prompt's last `max_depth` tokens on,
-the newest pass held back while it runs), the global tree (with siblings on, its output)
-and its own tree (with siblings off: prompt and output, the newest pass held back). Appending a token to a C++ tree costs
+them): its prompt's tree (with siblings on, its output, the newest pass held back while it
+runs), the global tree (with siblings on, its output) and its own tree (with siblings
+off: prompt and output, the newest pass held back). Appending a token to a C++ tree costs
 microseconds, and in a full batch the budget grants few drafts, so tokens are only
 recorded here — one list per request, extended once per pass — and a tree receives them
 when a request that reads it drafts: each tree's share is a slice from that tree's
@@ -143,8 +143,10 @@ class LiveSet:
         n_prompt = len(prompt_ids)
         req = LiveRequest(req_id, key, prompt_ids + output, self.max_depth + 1)
         if self.siblings:
-            # the prompt-tree sequence starts at the prompt's last max_depth tokens
-            req.local_pos = max(0, n_prompt - self.max_depth)
+            # the prompt-tree sequence starts at the response: the prompt's tokens are in
+            # that tree already (its prompt and history sequences), and copies of them
+            # would only raise counts the drafts do not depend on
+            req.local_pos = n_prompt
             if self.to_global:
                 req.global_pos = n_prompt
                 if output:

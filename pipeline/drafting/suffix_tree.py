@@ -88,6 +88,10 @@ class SuffixTree:
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self._lengths
 
+    def length(self, seq_id: int) -> int:
+        """Tokens sequence `seq_id` holds (0 for an unknown id)."""
+        return self._lengths.get(seq_id, 0)
+
     @property
     def num_seqs(self) -> int:
         return len(self._lengths)

@@ -119,6 +119,22 @@ def test_sibling_tokens_are_drafted_and_dropped_when_the_group_ends():
     assert d.draft("c", 8).token_ids == []
 
 
+def test_a_live_sequence_holds_the_output_only():
+    # The prompt is in its tree already (and, with history, before every history
+    # response): a sibling's copy would cost tree work per token and add only counts.
+    d = drafter(use_global=False)
+    d.set_history(prompt_hash(P), [HistoryResponse([1, 2, 3, 4])])
+    d.start("a", P, [1])
+    d.append("a", [2])
+    d.append("a", [3])
+    d.start("b", P, [1])
+    d.append("b", [2])
+    assert d.draft("b", 2).token_ids == [3, 4]
+    tree = d._prompts[prompt_hash(P)].tree
+    a_seq = d._live.running["a"].local_seq
+    assert tree.length(a_seq) == 2  # 1 2 (3 held back), no prompt tokens
+
+
 def test_announced_group_keeps_finished_siblings_until_all_finished():
     d = drafter(use_history=False, use_global=False)
     d.expect_group(P, 3)
@@ -417,7 +433,8 @@ def test_live_set_groups_and_global_queue():
     live = LiveSet(max_depth=4, siblings=True, to_global=True)
     live.expect("p", 2)
     a, _ = live.start("a", "p", [1, 2, 3, 4, 5, 6], [7])
-    assert (a.local_pos, a.global_pos, a.end, a.context()) == (2, 6, 7, [3, 4, 5, 6, 7])
+    # the prompt tree gets its output only (the prompt is in that tree already)
+    assert (a.local_pos, a.global_pos, a.end, a.context()) == (6, 6, 7, [3, 4, 5, 6, 7])
     b, _ = live.start("b", "p", [1, 2, 3, 4, 5, 6], [])
     live.append_many(["b", "a"], [[8], [9]])
     assert live.take_unsent() == [a, b] and live.take_unsent() == []  # first waiting first
