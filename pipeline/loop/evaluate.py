@@ -64,10 +64,9 @@ def evaluate(ctx: Context, prompts: list[Prompt]) -> dict:
     share = prompts[tp.group_of(ctx.rank):: tp.groups]
     greedy = Sampling(n=1, temperature=0.0, max_tokens=cfg.rollout.max_tokens, logprobs=False)
     k = cfg.run.eval_n
-    r = cfg.rollout
-    sampled = Sampling(n=k, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                       max_tokens=r.max_tokens, seed=(cfg.run.seed + EVAL_SEED_OFFSET) * 65_536,
-                       logprobs=False) if k else None  # scored by reward only
+    sampled = Sampling.from_rollout(  # scored by reward only
+        cfg.rollout, n=k, seed=(cfg.run.seed + EVAL_SEED_OFFSET) * 65_536,
+        logprobs=False) if k else None
     mine: tuple[list[float], list[list[float]]] = ([], [])
     if share:  # every rank of a TP group drives its engine; only the leader counts
         done = rollouts.generate(ctx.engine, ctx.tokenizer, share, greedy)
@@ -82,7 +81,7 @@ def evaluate(ctx: Context, prompts: list[Prompt]) -> dict:
     parts = dist.all_gather(mine)
     greedy_rewards, sampled_rewards = _interleave([p[0] for p in parts]), \
         _interleave([p[1] for p in parts])
-    return summarize(greedy_rewards, sampled_rewards, k, r.temperature)
+    return summarize(greedy_rewards, sampled_rewards, k, cfg.rollout.temperature)
 
 
 def summarize(greedy_rewards: list[float], sampled_rewards: list[list[float]], k: int,

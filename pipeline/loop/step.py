@@ -116,9 +116,8 @@ def sampling(cfg, step: int) -> Sampling:
     step number alone, so a resumed run checks (and logs) what an uninterrupted one does."""
     r = cfg.rollout
     every = r.logprob_check_every
-    return Sampling(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                    max_tokens=r.max_tokens, seed=(cfg.run.seed * 1_000_003 + step) * 65_536,
-                    logprobs=every > 0 and step % every == 0)
+    return Sampling.from_rollout(r, n=r.n, seed=(cfg.run.seed * 1_000_003 + step) * 65_536,
+                                 logprobs=every > 0 and step % every == 0)
 
 
 def step_metrics(step, epoch, version, records, everything, phases: PhaseTimer) -> dict:

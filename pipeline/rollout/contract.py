@@ -35,6 +35,15 @@ class Sampling:
     # logprob_check_every` says when the loop asks)
     logprobs: bool = True
 
+    @classmethod
+    def from_rollout(cls, rollout: Any, *, n: int, seed: int | None,
+                     logprobs: bool) -> "Sampling":
+        """The sampling a run's `rollout` config section sets (temperature, top_p, top_k,
+        max_tokens), for `n` samples per prompt."""
+        return cls(n=n, temperature=rollout.temperature, top_p=rollout.top_p,
+                   top_k=rollout.top_k, max_tokens=rollout.max_tokens, seed=seed,
+                   logprobs=logprobs)
+
 
 class RolloutBackend(Protocol):
     """generate / stream / update_weights / sleep-wake / metrics.
