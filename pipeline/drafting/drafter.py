@@ -64,7 +64,7 @@ from pipeline.history.store import prompt_hash
 from pipeline.drafting.global_tree import GlobalTree
 from pipeline.drafting.inputs import DrafterConfig, HistoryResponse, reward_copies
 from pipeline.drafting.live import LiveRequest, LiveSet
-from pipeline.drafting.prompt_state import HistoryEntry, PromptState
+from pipeline.drafting.prompt_state import HistoryEntry, LastDraft, PromptState
 from pipeline.drafting.remaining import RemainingTracker
 from pipeline.drafting.suffix_tree import EMPTY_DRAFT, Draft, SuffixTree
 
@@ -227,11 +227,11 @@ class GroupDrafter:
         memo = cfg.use_siblings and not cfg.global_live  # the trees are all in the key
         if memo:
             last, versions = p.last, (tree.version, self._global.tree.version)
-            if last is not None and last[0] == versions and last[1] == max_tokens \
-                    and last[2] == context:
+            if last is not None and last.versions == versions \
+                    and last.max_tokens == max_tokens and last.context == context:
                 # a sibling in the same state (GRPO siblings often share their context:
                 # all of them at T = 0, the first tokens at any temperature)
-                return self._count(*last[3:])
+                return self._count(last.draft, last.source)
         args = (context, max_tokens, cfg.min_path_prob, cfg.max_spec_factor,
                 cfg.max_spec_offset)
         best, source = tree.speculate(*args), "prompt"
@@ -255,7 +255,7 @@ class GroupDrafter:
                 if d.score > best.score:
                     best, source = d, "global"
         if memo:
-            p.last = (versions, max_tokens, context, best, source)
+            p.last = LastDraft(versions, max_tokens, context, best, source)
         return self._count(best, source)
 
     def _count(self, best: Draft, source: str) -> Draft:

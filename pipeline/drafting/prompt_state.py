@@ -11,13 +11,25 @@ and rebuilt from the prompt and its history.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
 from pipeline.drafting.live import LiveRequest, LiveState
-from pipeline.drafting.suffix_tree import SuffixTree
+from pipeline.drafting.suffix_tree import Draft, SuffixTree
 
 PROMPT_SEQ = 0  # sequence id of the full prompt in its prompt tree
+
+
+class LastDraft(NamedTuple):
+    """A prompt's last draft from its trees and what it was drafted from: a sibling asking
+    with the same context and cap while the trees are unchanged gets the same draft."""
+
+    versions: tuple[int, int]  # (prompt tree version, global tree version)
+    max_tokens: int
+    context: list[int]
+    draft: Draft
+    source: str  # the tree that served it
 
 
 @dataclass(eq=False)
@@ -36,10 +48,7 @@ class PromptState:
     tree: SuffixTree | None = None
     next_seq: int = PROMPT_SEQ + 1
     fed: int = -1  # the drafter's LiveSet.version when its group last fed the tree
-    # the last draft from this prompt's trees: ((tree version, global tree version),
-    # max_tokens, context, draft, source); a sibling with the same context in the same tree
-    # state gets the same draft without asking the trees again
-    last: tuple | None = None
+    last: LastDraft | None = None  # its trees' last draft (a sibling may reuse it)
 
     def build_tree(self, max_depth: int) -> SuffixTree:
         """The prompt's tree with its prompt and history (built now if not held)."""
@@ -89,4 +98,4 @@ class PromptState:
             h.local_seqs = []
 
 
-__all__ = ["HistoryEntry", "PROMPT_SEQ", "PromptState"]
+__all__ = ["HistoryEntry", "LastDraft", "PROMPT_SEQ", "PromptState"]
