@@ -14,6 +14,8 @@ cost per scheduled token, the slope of a least-squares fit of pass time on sched
 tokens over the method's own passes: no per-pass overhead, no rejected drafts — the
 physical limit of that work on this machine), drafter_s / drafter_frac (time inside the
 drafter) and, at temperature 0, whether its responses are token-identical to none's.
+rhymectl's drafters also report drafter_{live_in,queries,group_ends}_s: where the drafter's
+time went (`pipeline.drafting.stats.DrafterTimes`), summed over the measured generates.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from pipeline import costs
 from pipeline import distributed as dist
 from pipeline.bench.spec_plan import Plan
 from pipeline.costs import CostModel
-from pipeline.drafting.drafter import source_shares
+from pipeline.drafting.stats import source_shares
 from pipeline.errors import RuntimeFailure, UsageError
 from pipeline.history.store import HistoryStore, prompt_hash
 from pipeline.loop.step import sampling
@@ -74,6 +76,8 @@ class MethodResult:
     outputs: list = field(default_factory=list)  # token ids per request, in order
     calibration: dict | None = None  # the critical budget's `Calibrator.state()`
     sources: dict | None = None  # rhymectl's drafter: drafts served per tree
+    # rhymectl's drafter: seconds by part (`DrafterTimes`) inside the measured generates
+    drafter_parts: dict | None = None
 
     def add(self, counts, seconds: float, groups) -> None:
         self.rollout_s += seconds
@@ -89,6 +93,11 @@ class MethodResult:
         self.draft_tokens += counts.draft_tokens
         self.drafter_s += counts.draft_seconds
         self.samples.extend(counts.samples)
+
+    def add_drafter_parts(self, times) -> None:
+        """The drafter's `DrafterTimes` of one measured generate."""
+        old = self.drafter_parts or {}
+        self.drafter_parts = {k: old.get(k, 0.0) + v for k, v in times.as_dict(6).items()}
 
 
 def build_work(plan: Plan, tokenizer) -> list[EpochWork]:
@@ -157,6 +166,7 @@ def run_method(plan: Plan, method: str, work: list[EpochWork], advance,
     dist.init()  # one 1-rank group for every engine (vLLM would otherwise make its own)
     engine = RolloutEngine.from_config(cfg, spec=replace(cfg.spec, method=method))
     result = MethodResult(method)
+    drafting = engine.drafting
     try:
         # the first request with logprobs compiles vLLM's logprob gather (~1.7 s here):
         # training pays it once, at its first sampler-check step
@@ -169,15 +179,18 @@ def run_method(plan: Plan, method: str, work: list[EpochWork], advance,
             _learn_history(engine, method, ew.earlier, prompt_ids_of(work))
             for sw in ew.steps:
                 spec = sampling(cfg, sw.step)
+                before = drafting.times() if drafting is not None else None
                 t0 = time.perf_counter()
                 groups = engine.generate(sw.prompt_ids, spec)
                 result.add(engine.last_passes, time.perf_counter() - t0, groups)
+                if drafting is not None:
+                    result.add_drafter_parts(drafting.times().minus(before))
                 advance()
-        if engine.drafting is not None:
-            result.calibration = engine.drafting.calibration()
-            result.sources = engine.drafting.sources()
+        if drafting is not None:
+            result.calibration = drafting.calibration()
+            result.sources = drafting.sources()
     finally:
-        del engine
+        del engine, drafting
         gc.collect()
     return result
 
@@ -239,6 +252,8 @@ def summarize(results: dict[str, MethodResult], temperature: float) -> dict[str,
         }
         if r.sources:
             out[name]["draft_sources"] = source_shares(r.sources)
+        for part, seconds in (r.drafter_parts or {}).items():
+            out[name][f"drafter_{part}_s"] = round(seconds, 3)
     return out
 
 

@@ -55,7 +55,8 @@ history stays in compact form (int32 arrays) and the tree is rebuilt on its next
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+import time
+from dataclasses import replace
 from typing import Hashable, Sequence
 
 import numpy as np
@@ -66,27 +67,8 @@ from pipeline.drafting.inputs import DrafterConfig, HistoryResponse, reward_copi
 from pipeline.drafting.live import LiveRequest, LiveSet
 from pipeline.drafting.prompt_state import HistoryEntry, LastDraft, PromptState
 from pipeline.drafting.remaining import RemainingTracker
+from pipeline.drafting.stats import DrafterStats, DrafterTimes, source_shares
 from pipeline.drafting.suffix_tree import EMPTY_DRAFT, Draft, SuffixTree
-
-@dataclass
-class DrafterStats:
-    prompts: int = 0  # prompts with history
-    trees: int = 0  # prompt trees held
-    live_requests: int = 0
-    history_responses: int = 0
-    history_tokens: int = 0
-    tree_bytes: int = 0  # C++ estimate over all trees
-    drafts: int = 0
-    drafted_tokens: int = 0
-    wins: dict[str, int] = field(default_factory=lambda: {"prompt": 0, "own": 0, "global": 0})
-
-
-def source_shares(counts: dict[str, int]) -> dict[str, float]:
-    """Drafts per tree (`GroupDrafter.sources()` or a difference of two) as shares of all
-    drafts, rounded to 4 places; all 0.0 when there were none."""
-    total = sum(counts.values())
-    return {k: round(v / total, 4) if total else 0.0 for k, v in counts.items()}
-
 
 class GroupDrafter:
     """History + sibling + self drafting for the requests of one rollout engine."""
@@ -102,6 +84,7 @@ class GroupDrafter:
         self._drafted_tokens = 0
         self._wins = {"prompt": 0, "own": 0, "global": 0}
         self.lengths = RemainingTracker()  # length evidence: history + finished siblings
+        self._times = DrafterTimes()
 
     # -- history ----------------------------------------------------------------------
     def set_history(self, key: str, responses: Sequence[HistoryResponse]) -> None:
@@ -219,10 +202,33 @@ class GroupDrafter:
         req = self._live.running.get(req_id)
         if req is None or max_tokens <= 0:
             return EMPTY_DRAFT
-        cfg = self.config
         p = self._prompts[req.key]
+        t0 = time.perf_counter()
         tree = self._prompt_tree(p)
         p.feed(self._live.members(p.key), self._live.version)
+        if not self.config.use_siblings:
+            self._feed_own(req)
+        t1 = time.perf_counter()
+        best, source = self._query(req, p, tree, max_tokens)
+        times = self._times
+        times.live_in += t1 - t0
+        times.queries += time.perf_counter() - t1
+        return self._count(best, source)
+
+    def _feed_own(self, req: LiveRequest) -> None:
+        """Siblings off: the request's own tree (made on its first draft) gets its tokens
+        up to its previous pass."""
+        if req.own is None:
+            req.own = SuffixTree(self.config.max_depth)
+        if req.own_pos < req.pending:
+            req.own.extend(0, req.since(req.own_pos, req.pending))
+            req.own_pos = req.pending
+            req.trim()
+
+    def _query(self, req: LiveRequest, p: PromptState, tree: SuffixTree,
+               max_tokens: int) -> tuple[Draft, str]:
+        """The best-scoring draft of the request's trees, and the tree that served it."""
+        cfg = self.config
         context = req.context()
         memo = cfg.use_siblings and not cfg.global_live  # the trees are all in the key
         if memo:
@@ -231,23 +237,16 @@ class GroupDrafter:
                     and last.max_tokens == max_tokens and last.context == context:
                 # a sibling in the same state (GRPO siblings often share their context:
                 # all of them at T = 0, the first tokens at any temperature)
-                return self._count(last.draft, last.source)
+                return last.draft, last.source
         args = (context, max_tokens, cfg.min_path_prob, cfg.max_spec_factor,
                 cfg.max_spec_offset)
         best, source = tree.speculate(*args), "prompt"
         # A draft scores at most one per token: one of max_tokens tokens all at
         # probability 1 cannot be beaten (a tree wins only with a higher score).
-        if not cfg.use_siblings:
-            if req.own is None:
-                req.own = SuffixTree(cfg.max_depth)
-            if req.own_pos < req.pending:
-                req.own.extend(0, req.since(req.own_pos, req.pending))
-                req.own_pos = req.pending
-                req.trim()
-            if best.score < max_tokens:
-                d = req.own.speculate(*args)
-                if d.score > best.score:
-                    best, source = d, "own"
+        if req.own is not None and best.score < max_tokens:
+            d = req.own.speculate(*args)
+            if d.score > best.score:
+                best, source = d, "own"
         if cfg.use_global and (not cfg.global_fallback or not best.token_ids):
             self._global.flush(self._live.take_unsent())
             if best.score < max_tokens and self._global.num_seqs:
@@ -256,7 +255,7 @@ class GroupDrafter:
                     best, source = d, "global"
         if memo:
             p.last = LastDraft(versions, max_tokens, context, best, source)
-        return self._count(best, source)
+        return best, source
 
     def _count(self, best: Draft, source: str) -> Draft:
         if best.token_ids:
@@ -275,6 +274,10 @@ class GroupDrafter:
             history_responses=len(hist), history_tokens=int(sum(len(h) for h in hist)),
             tree_bytes=sum(t.memory_bytes() for t in trees) + self._global.memory_bytes(),
             drafts=self._drafts, drafted_tokens=self._drafted_tokens, wins=dict(self._wins))
+
+    def times(self) -> DrafterTimes:
+        """Where the drafter's time went since it was made (a copy)."""
+        return replace(self._times)
 
     def sources(self) -> dict[str, int]:
         """Drafts each tree has served so far: prompt, own, global."""
@@ -322,9 +325,11 @@ class GroupDrafter:
     def _end_group(self, key: str, members: list[LiveRequest]) -> None:
         if members:
             self.lengths.end_group(key)
+        t0 = time.perf_counter()
         p = self._prompts[key]
         for m in members:
             self._drop_sequences(p, m)
+        self._times.group_ends += time.perf_counter() - t0
 
     def _evict(self) -> None:
         """Free LRU trees beyond the cap; prompts with requests in their group stay."""
@@ -340,4 +345,4 @@ class GroupDrafter:
             excess -= 1
 
 
-__all__ = ["DrafterStats", "GroupDrafter", "source_shares"]
+__all__ = ["DrafterStats", "DrafterTimes", "GroupDrafter", "source_shares"]

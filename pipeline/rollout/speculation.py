@@ -135,12 +135,16 @@ class Drafting:
         """Drafts served by each tree (prompt, own, global) since the engine started."""
         return self.drafter.sources()
 
+    def times(self):
+        """The drafter's `DrafterTimes` since the engine started (a copy)."""
+        return self.drafter.times()
+
     def stats(self) -> dict[str, float]:
         """What only rhymectl's drafter knows, since the last call: prompts with history,
         draft tokens it proposed and vLLM accepted, and the share of drafts each tree
         served (tau and acceptance rate come from the engine's pass meter, the same for
         every method)."""
-        from pipeline.drafting.drafter import source_shares
+        from pipeline.drafting.stats import source_shares
 
         p = self.proposer.reset_stats()
         now = self.sources()

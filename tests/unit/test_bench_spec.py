@@ -52,6 +52,25 @@ def test_summary_arithmetic():
     assert summarize({"none": base, "history": spec}, temperature=1.0)["history"]["identical"] is None
 
 
+def test_drafter_parts_add_up_and_survive_the_worker_json():
+    import dataclasses
+    import json
+
+    from pipeline.drafting.stats import DrafterTimes
+
+    r = MethodResult("history+group", rollout_s=1.0, drafter_s=0.5)
+    r.add_drafter_parts(DrafterTimes(live_in=0.1, queries=0.2, group_ends=0.05))
+    r.add_drafter_parts(DrafterTimes(live_in=0.2, queries=0.1))
+    back = MethodResult(**json.loads(json.dumps(dataclasses.asdict(r))))  # as run_isolated
+    assert back.drafter_parts == pytest.approx({"live_in": 0.3, "queries": 0.3,
+                                                "group_ends": 0.05})
+    none = MethodResult("none", rollout_s=2.0)
+    s = summarize({"none": none, "history+group": back}, temperature=1.0)
+    assert s["history+group"]["drafter_live_in_s"] == 0.3
+    assert s["history+group"]["drafter_group_ends_s"] == 0.05
+    assert not any(k.startswith("drafter_live") for k in s["none"])
+
+
 def run_cli(capsys, *args) -> tuple[int, str]:
     with pytest.raises(SystemExit) as exit_info:
         main(list(args))

@@ -135,6 +135,28 @@ def test_a_live_sequence_holds_the_output_only():
     assert tree.length(a_seq) == 2  # 1 2 (3 held back), no prompt tokens
 
 
+def test_the_drafter_times_its_parts():
+    from pipeline.drafting.stats import DrafterTimes
+
+    d = drafter(use_global=False)
+    assert d.times() == DrafterTimes()
+    d.start("a", P, [1])
+    d.append("a", [2])
+    d.append("a", [3])
+    d.start("b", P, [1])
+    d.append("b", [2])
+    d.draft("b", 2)
+    t = d.times()
+    assert t.live_in > 0 and t.queries > 0 and t.group_ends == 0
+    t.live_in = -1.0  # a copy
+    assert d.times().live_in > 0
+    d.end_step()  # the group ends: its live sequences leave the tree
+    later = d.times()
+    assert later.group_ends > 0 and later.minus(d.times()) == DrafterTimes()
+    assert later.minus(DrafterTimes(live_in=later.live_in)).live_in == 0
+    assert DrafterTimes(1, 2, 3).plus(DrafterTimes(1, 1, 1)) == DrafterTimes(2, 3, 4)
+
+
 def test_announced_group_keeps_finished_siblings_until_all_finished():
     d = drafter(use_history=False, use_global=False)
     d.expect_group(P, 3)
