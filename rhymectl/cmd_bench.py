@@ -57,8 +57,9 @@ def spec(
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Training run to create or reuse "
                                                                    "[run.dir + '-bench-spec']."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="PNG [RUN_DIR/report/bench-spec.png]."),
-    repeats: int = typer.Option(1, "--repeats", help="Run every method R times, interleaved "
-                                "(A B C A B C ...); report medians and min-max."),
+    repeats: int = typer.Option(1, "--repeats", help="Run every method R times, interleaved, "
+                                "the order rotating (A B C, B C A, ...); report medians and "
+                                "min-max."),
     json_out: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
 ) -> None:
     from rhymectl.parsing import parse_methods
@@ -89,7 +90,7 @@ def spec(
 def _measure(plan, names, config, overrides, plot, repeats=1):
     from pipeline.bench.figures import write_plot
     from pipeline.bench.spec import build_work, run_isolated, summarize, workload
-    from pipeline.bench.spec_repeats import aggregate
+    from pipeline.bench.spec_repeats import aggregate, run_order
     from pipeline.drafting.calibration import merge_tables
 
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
@@ -101,14 +102,14 @@ def _measure(plan, names, config, overrides, plot, repeats=1):
     runs = []  # one {method: MethodResult} per repeat, methods interleaved
     for rep in range(repeats):
         results = {}
-        for name in names:
+        for name in run_order(names, rep):
             with Progress(*columns, console=log, transient=True) as progress:
                 task = progress.add_task(f"bench spec: {name} [{rep + 1}/{repeats}]", total=steps)
                 results[name] = r = run_isolated(config, overrides, plan, name,
                                                  lambda: progress.advance(task))
             log.print(f"[{rep + 1}/{repeats}] {name}: {r.requests} responses, {r.generated} "
                       f"tokens in {r.rollout_s:.2f} s", markup=False)
-        runs.append(results)
+        runs.append({name: results[name] for name in names})
     from transformers import AutoTokenizer
 
     work = build_work(plan, AutoTokenizer.from_pretrained(plan.cfg.model.path))

@@ -1,8 +1,11 @@
 """`rhymectl bench spec --repeats R`: the arithmetic over interleaved repeats.
 
-Each repeat runs every method once (A B C A B C ...), so the machine's slow drift (other
-processes, thermal state) lands on every method alike; ratios are taken within a repeat,
-then summarised. Per method: the median of every numeric field over the repeats, and for
+Each repeat runs every method once, so the machine's slow drift (other processes, thermal
+state) lands on every method alike, and the order rotates from repeat to repeat (A B C,
+B C A, C A B, ...): a run right after another can be slower (measured on this project's
+VMs: the second of two back-to-back runs lost 0.6-1.1 s of 5-6 s in 4 of 4 pairs), and
+with a fixed order that would fall on the same method every time. Ratios are taken within
+a repeat, then summarised. Per method: the median of every numeric field over the repeats, and for
 `rollout_s` and every ratio (`speedup` over none, `vs_suffix` = own rollout_s / suffix's,
 `drafter_frac`) also the per-repeat values (`KEY_runs`) and their min and max
 (`KEY_min`, `KEY_max`). Pure arithmetic.
@@ -15,6 +18,13 @@ from typing import Sequence
 
 SPREAD_KEYS = ("rollout_s", "speedup", "vs_suffix", "drafter_frac")
 REFERENCE = "suffix"
+
+
+def run_order(names: Sequence[str], repeat: int) -> list[str]:
+    """The methods in the order repeat `repeat` (from 0) runs them: `names` rotated, so
+    over len(names) repeats every method runs once in every position."""
+    k = repeat % len(names) if names else 0
+    return [*names[k:], *names[:k]]
 
 
 def with_vs_suffix(summary: dict[str, dict]) -> dict[str, dict]:
@@ -51,4 +61,4 @@ def aggregate(repeats: Sequence[dict[str, dict]]) -> dict[str, dict]:
     return out
 
 
-__all__ = ["REFERENCE", "SPREAD_KEYS", "aggregate", "with_vs_suffix"]
+__all__ = ["REFERENCE", "SPREAD_KEYS", "aggregate", "run_order", "with_vs_suffix"]

@@ -19,6 +19,17 @@ def rep(none_s, suffix_s, hg_s, identical=None):
     }
 
 
+def test_the_order_rotates_so_every_method_takes_every_position():
+    from pipeline.bench.spec_repeats import run_order
+
+    names = ("none", "suffix", "history+group")
+    orders = [run_order(names, rep) for rep in range(3)]
+    assert orders[0] == list(names)  # one repeat: the order given
+    for position in range(3):
+        assert sorted(order[position] for order in orders) == sorted(names)
+    assert run_order(names, 3) == orders[0] and run_order((), 2) == []
+
+
 def test_medians_min_max_and_runs_over_three_repeats():
     agg = aggregate([rep(20.0, 16.0, 14.0), rep(24.0, 18.0, 12.0), rep(22.0, 20.0, 18.0)])
     hg = agg["history+group"]
