@@ -5,10 +5,10 @@ state) lands on every method alike, and the order rotates from repeat to repeat 
 B C A, C A B, ...): a run right after another can be slower (measured on this project's
 VMs: the second of two back-to-back runs lost 0.6-1.1 s of 5-6 s in 4 of 4 pairs), and
 with a fixed order that would fall on the same method every time. Ratios are taken within
-a repeat, then summarised. Per method: the median of every numeric field over the repeats, and for
-`rollout_s` and every ratio (`speedup` over none, `vs_suffix` = own rollout_s / suffix's,
-`drafter_frac`) also the per-repeat values (`KEY_runs`) and their min and max
-(`KEY_min`, `KEY_max`). Pure arithmetic.
+a repeat, then summarised. Per method: the median of every numeric field over the
+repeats, and for `rollout_s` and every ratio (`speedup` over none, `vs_suffix` = own
+rollout_s / suffix's, `drafter_frac`) also the per-repeat values (`KEY_runs`) and their
+min and max (`KEY_min`, `KEY_max`). Pure arithmetic.
 """
 
 from __future__ import annotations
