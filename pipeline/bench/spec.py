@@ -35,7 +35,7 @@ from pipeline import costs
 from pipeline import distributed as dist
 from pipeline.bench.spec_plan import Plan
 from pipeline.costs import CostModel
-from pipeline.drafting.stats import source_shares
+from pipeline.drafting.stats import DrafterTimes, source_shares
 from pipeline.errors import RuntimeFailure, UsageError
 from pipeline.history.store import HistoryStore, prompt_hash
 from pipeline.loop.step import sampling
@@ -94,10 +94,10 @@ class MethodResult:
         self.drafter_s += counts.draft_seconds
         self.samples.extend(counts.samples)
 
-    def add_drafter_parts(self, times) -> None:
+    def add_drafter_parts(self, times: DrafterTimes) -> None:
         """The drafter's `DrafterTimes` of one measured generate."""
-        old = self.drafter_parts or {}
-        self.drafter_parts = {k: old.get(k, 0.0) + v for k, v in times.as_dict(6).items()}
+        so_far = DrafterTimes(**self.drafter_parts) if self.drafter_parts else DrafterTimes()
+        self.drafter_parts = so_far.plus(times).as_dict(6)
 
 
 def build_work(plan: Plan, tokenizer) -> list[EpochWork]:
