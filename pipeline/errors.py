@@ -19,3 +19,13 @@ class RuntimeFailure(Exception):
     """A correctly configured run failed."""
 
     exit_code = 1
+
+
+def require_file(path, what: str, fix: str):
+    """`path` (a pathlib.Path) if it is a regular file; otherwise a UsageError that says
+    whether it is missing or something else (a directory, a device), then `fix`."""
+    if path.is_file():
+        return path
+    state = ("is a directory" if path.is_dir() else "is not a regular file") if path.exists() \
+        else "does not exist"
+    raise UsageError(f"{what} {path} {state}; {fix}")

@@ -18,7 +18,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 import yaml
 
 from pipeline.config.schema import Config
-from pipeline.errors import UsageError
+from pipeline.errors import UsageError, require_file
 
 
 class _Loader(yaml.SafeLoader):
@@ -51,9 +51,7 @@ class ConfigError(UsageError):
 def read_yaml(path: str | Path) -> dict:
     """Load a YAML mapping safely (no object construction)."""
     path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"config file {path} does not exist; pass the path of a YAML file "
-                         f"(see sample_configs/)")
+    require_file(path, "config file", "pass the path of a YAML file (see sample_configs/)")
     try:
         data = _safe_load(path.read_text())
     except yaml.YAMLError as exc:

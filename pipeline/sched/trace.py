@@ -17,7 +17,7 @@ from typing import Mapping
 
 import numpy as np
 
-from pipeline.errors import UsageError
+from pipeline.errors import UsageError, require_file
 from pipeline.history.store import HistoryStore
 
 @dataclass(frozen=True)
@@ -71,8 +71,7 @@ def read_trace(path: str | Path, columns: Mapping[str, str] | None = None,
     from pipeline.sched.trace_import import FORMATS, rows
 
     path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"trace file {path} does not exist")
+    require_file(path, "trace file", "pass a .csv, .jsonl or .parquet file")
     suffix = path.suffix.lower()
     if suffix not in FORMATS:
         raise UsageError(f"trace file {path}: unsupported format {suffix or 'without suffix'!r}; "

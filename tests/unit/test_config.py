@@ -362,6 +362,8 @@ def test_a_missing_file(tmp_path):
     path = tmp_path / "nope.yaml"
     assert usage_message(load_config, path) == (
         f"config file {path} does not exist; pass the path of a YAML file (see sample_configs/)")
+    assert usage_message(load_config, tmp_path) == (
+        f"config file {tmp_path} is a directory; pass the path of a YAML file (see sample_configs/)")
 
 
 @pytest.mark.parametrize("text, where", [

@@ -75,7 +75,10 @@ def test_bad_trace_files_have_one_line_messages(tmp_path, name, text, expected):
 
 
 def test_missing_file_and_unknown_format(tmp_path):
-    assert message(tmp_path / "nope.csv") == f"trace file {tmp_path / 'nope.csv'} does not exist"
+    assert message(tmp_path / "nope.csv") == (f"trace file {tmp_path / 'nope.csv'} does not exist; "
+                                              f"pass a .csv, .jsonl or .parquet file")
+    assert message(tmp_path) == f"trace file {tmp_path} is a directory; pass a .csv, .jsonl or .parquet file"
+    assert message("/dev/null").startswith("trace file /dev/null is not a regular file; ")
     path = write(tmp_path, "t.txt", "p 1\n")
     assert message(path) == (f"trace file {path}: unsupported format '.txt'; use .csv, .jsonl or "
                              f".parquet (one row per request: group, length)")
