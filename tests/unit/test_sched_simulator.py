@@ -236,6 +236,37 @@ def test_load_estimate_longest_follows_adds_and_completions():
                                                 + 0.01 * tokens)
 
 
+def test_load_estimate_prices_speculation_at_the_workers_batch():
+    # tau 2 and 3 drafts a request while at most 2 requests run, no speculation above
+    cost = CostModel(base_s=1.0, per_token_s=0.1, tau=2.0, draft_tokens=3, spec_max_batch=2)
+    est = LoadEstimate(2, cost, capacity=8)
+    est.add(0, 40.0)
+    est.add(0, 10.0)
+    # speculating: 40 / 2 passes of 1 s, 50 tokens scheduled 4 times for every 2 emitted
+    assert est.time(0) == pytest.approx((1.0 * 40 + 0.1 * 4 * 50) / 2)
+    # a third request stops speculation: 40 passes, every token scheduled once
+    assert est.time_with(0, 10.0) == pytest.approx(1.0 * 40 + 0.1 * 60)
+    est.add(0, 10.0)
+    assert est.time(0) == pytest.approx(46.0)
+    est.done(0, 10.0)
+    assert est.time(0) == pytest.approx(30.0)
+
+
+def test_the_oracle_balances_under_speculation():
+    # One 100-token request and 40 of 10 tokens on 2 workers; tau 2.5, 4 drafts a request.
+    # By hand: the 40 short ones run 4 passes. With m of them beside the long one, its
+    # worker takes 4 passes of 0.1 + 0.1 (m + 1) s, then 36 alone of 0.2 s: 8 + 0.4 m; the
+    # other worker takes 4 passes of 0.1 + 0.1 (40 - m) s: 16.4 - 0.4 m. The best split
+    # (m = 10 or 11) ends at 12.4 s. Pricing speculation as if there were none put fewer
+    # beside the long one and took 16.4 s.
+    cost = CostModel(base_s=0.1, per_token_s=0.02, tau=2.5, draft_tokens=4)
+    groups = [GroupWork("long", 1, 100.0, True, (100,))] + \
+        [GroupWork(f"s{i}", 1, 10.0, True, (10,)) for i in range(40)]
+    r = simulate(make_policy("oracle", PlacementParams(cost=cost, capacity=256)), groups,
+                 SimConfig(workers=2, prompt_tokens=0, cost=cost))
+    assert r.makespan_s == pytest.approx(12.4)
+
+
 def test_no_cyclic_gc_restores_the_collector():
     import gc
 
