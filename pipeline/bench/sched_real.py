@@ -31,10 +31,10 @@ from pipeline import distributed as dist
 from pipeline.atomic import write_json_atomic
 from pipeline.bench.sched import BenchSetup, step_groups
 from pipeline.config import load_config
-from pipeline.costs import SCHED_COST, fit, tail_s
+from pipeline.costs import SCHED_COST, tail_s
 from pipeline.distributed import CoordinationStore
 from pipeline.history import index
-from pipeline.loop.sched_runtime import rollout
+from pipeline.loop.sched_runtime import measured_cost, rollout
 from pipeline.loop.step import sampling
 from pipeline.rollout.engine import RolloutEngine
 from pipeline.sched.placement import make_policy, step_params
@@ -72,16 +72,18 @@ def main(argv: list[str]) -> None:
     step_sampling = replace(sampling(cfg, 0), n=groups[0].n)
     params = step_params(predictor, setup.requests_per_worker, chunk_tokens=setup.chunk_tokens,
                          capacity=setup.capacity, **setup.knobs)
-    # warm-up (unmeasured): CPU kernels see their shapes once before any policy is timed
+    # warm-up (unmeasured): CPU kernels see their shapes once before any policy is timed;
+    # its passes give the cost model the policies place with, as a step's give training's
     store = CoordinationStore(cfg.sched.store_timeout_s)
-    rollout(engine, prompts, groups, step_sampling, make_policy("static", params), store=store,
-            capacity=setup.capacity)
+    warm = rollout(engine, prompts, groups, step_sampling, make_policy("static", params),
+                   store=store, capacity=setup.capacity)
+    params = replace(params, cost=measured_cost(warm.workers, SCHED_COST))
     # one request on its own: seconds per generated token (speculation included)
     alone = engine.generate([prompts[0]], replace(step_sampling, n=1, max_tokens=64))[0][0]
     decode_s = sum(s for _, s, prefill in engine.last_passes.samples if not prefill)
     per_token_1 = decode_s / max(1, len(alone.token_ids) - 1)
 
-    results, samples, lengths, workers = {}, [], {}, []
+    results, lengths, workers = {}, {}, []
     for name in setup.policies:
         if name == "oracle":
             continue
@@ -95,11 +97,9 @@ def main(argv: list[str]) -> None:
                                   tail_s([f for g in finish for f in g]), r.migrations, finish,
                                   [w.timeline for w in r.workers])
         lengths[name] = lens
-        for w in r.workers:
-            samples += [(t, s) for t, s, prefill in w.passes.samples if not prefill]
-            workers.append(w)
+        workers += r.workers
     if rank == 0:
-        cost = _fitted_cost(samples, workers)
+        cost = measured_cost(workers, SCHED_COST)
         report = {"source": "real", "workers": world, "per_token_1_s": per_token_1,
                   "cost_model": {"base_s": cost.base_s, "per_token_s": cost.per_token_s,
                                  "tau": cost.tau, "draft_tokens": cost.draft_tokens},
@@ -114,20 +114,6 @@ def main(argv: list[str]) -> None:
                                         "timelines": r.timelines}
         write_json_atomic(out, report)
     dist.barrier()
-
-
-def _fitted_cost(samples, workers):
-    """The simulator's cost model from the measured decode passes (scheduled tokens,
-    seconds): base and per-token cost by least squares; with speculation, also tau (tokens
-    per request and pass) and draft tokens per request and pass, as measured."""
-
-    fitted = fit(samples, SCHED_COST)
-    decode = sum(w.passes.seq_passes - w.passes.prefill_seq_passes for w in workers)
-    drafts = sum(w.passes.draft_tokens for w in workers)
-    if not drafts or not decode:
-        return fitted
-    emitted = sum(w.generated - w.requests for w in workers)  # after each chunk's prefill
-    return replace(fitted, tau=max(1.0, emitted / decode), draft_tokens=round(drafts / decode))
 
 
 def _simulate(name, groups, lengths, workers, setup, params, cost):

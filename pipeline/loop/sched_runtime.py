@@ -34,7 +34,7 @@ from typing import Sequence
 
 import torch.distributed as dist
 
-from pipeline.costs import bubble_ratio
+from pipeline.costs import CostModel, bubble_ratio, fit
 from pipeline.distributed import CoordinationStore
 from pipeline.rollout.contract import Completion
 from pipeline.sched.types import Chunk, Dispatcher, GroupWork, Placement, Request
@@ -68,6 +68,23 @@ class StepRollout:
     @property
     def bubble_ratio(self) -> float:
         return bubble_ratio([w.busy_s for w in self.workers], self.makespan_s)
+
+
+def measured_cost(workers: Sequence[WorkerTimes], fallback: CostModel) -> CostModel:
+    """The pass-cost model the workers measured (`pipeline.costs`): base and per-token
+    seconds by least squares over their decode passes (`fallback`'s where the passes
+    cannot determine them); with speculation also tau (tokens per request and pass) and
+    draft tokens per request and pass."""
+    workers = [w for w in workers if w.passes is not None]
+    samples = [(t, s) for w in workers for t, s, prefill in w.passes.samples if not prefill]
+    fitted = fit(samples, fallback)
+    fitted = CostModel(base_s=fitted.base_s, per_token_s=fitted.per_token_s)
+    decode = sum(w.passes.seq_passes - w.passes.prefill_seq_passes for w in workers)
+    drafts = sum(w.passes.draft_tokens for w in workers)
+    if not drafts or not decode:
+        return fitted
+    emitted = sum(w.generated - w.requests for w in workers)  # after each chunk's prefill
+    return replace(fitted, tau=max(1.0, emitted / decode), draft_tokens=round(drafts / decode))
 
 
 class _RemoteCluster:
@@ -252,4 +269,4 @@ class _Coordinator:
         return out, makespan, self.cluster.migrations
 
 
-__all__ = ["StepRollout", "WorkerTimes", "rollout"]
+__all__ = ["StepRollout", "WorkerTimes", "measured_cost", "rollout"]

@@ -12,14 +12,15 @@ predictor learns from every step's records (and, after a resume, from the histor
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import defaultdict, deque
 from typing import TYPE_CHECKING
 
 from pipeline.distributed import CoordinationStore
 from pipeline.history.store import HistoryStore
 from pipeline.loop import rollouts
 from pipeline.loop.batches import shard
-from pipeline.loop.sched_runtime import rollout
+from pipeline.costs import SCHED_COST
+from pipeline.loop.sched_runtime import measured_cost, rollout
 from pipeline.loop.tp_groups import new_groups
 from pipeline.rollout.contract import Sampling
 from pipeline.sched.placement import make_policy, resolve_policy_name, step_params
@@ -28,6 +29,8 @@ from pipeline.sched.types import GroupWork
 
 if TYPE_CHECKING:  # the context holds this object
     from pipeline.loop.context import Context
+
+COST_STEPS = 4  # steps of measured passes the placement's cost model is fitted to
 
 
 class ScheduledRollout:
@@ -48,6 +51,11 @@ class ScheduledRollout:
         self.store = CoordinationStore(cfg.sched.store_timeout_s)
         self.lengths: dict = defaultdict(lambda: defaultdict(list))
         self.last = None  # the last step's StepRollout
+        # the pass-cost model placement predicts with: the default until the first step,
+        # then what the workers measured over the last COST_STEPS steps (this hardware,
+        # this speculative method); a fit the passes cannot determine keeps the model
+        self.cost = SCHED_COST
+        self.measured: deque = deque(maxlen=COST_STEPS)  # per step: the workers' times
 
     @classmethod
     def maybe(cls, cfg, tp, run_dir) -> "ScheduledRollout | None":
@@ -80,11 +88,13 @@ class ScheduledRollout:
                             predictor.known(p.id)) for p in batch]
         per_worker = math.ceil(len(batch) * sampling.n / self.world)
         params = step_params(predictor, per_worker, chunk_tokens=self.chunk_tokens,
-                             capacity=self.capacity, **self.knobs)
+                             capacity=self.capacity, cost=self.cost, **self.knobs)
         self.last = rollout(ctx.engine, prompt_ids, groups, sampling,
                             make_policy(self.name, params), store=self.store,
                             capacity=self.capacity, step=step, tp_size=self.tp.tp,
                             tp_group=self.tp_group)
+        self.measured.append(self.last.workers)
+        self.cost = measured_cost([w for ws in self.measured for w in ws], self.cost)
         mine = shard(list(range(len(batch))), ctx.rank, ctx.world_size)
         out = []
         for g in mine:
@@ -99,7 +109,11 @@ class ScheduledRollout:
     def metrics(self) -> dict:
         s = self.last
         return {"rollout_migrations": s.migrations,
-                "rollout_chunks": sum(w.chunks for w in s.workers)}
+                "rollout_chunks": sum(w.chunks for w in s.workers),
+                # the cost model the next step's placement uses (measured up to this one)
+                "sched_pass_base_ms": round(self.cost.base_s * 1e3, 4),
+                "sched_pass_per_token_ms": round(self.cost.per_token_s * 1e3, 5),
+                "sched_tau": round(self.cost.tau, 3)}
 
 
 __all__ = ["ScheduledRollout"]

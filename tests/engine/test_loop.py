@@ -141,6 +141,9 @@ def test_two_ranks_under_torchrun(tiny_model, tmp_path):
     assert [r["step"] for r in metrics(run_dir)] == [1]
     m = metrics(run_dir)[0]
     assert m["rollout_chunks"] >= 16  # sched.policy auto: seer placed the batch over both ranks
+    # the cost model the next step places with, measured on both ranks' passes (one step
+    # of tiny passes may not determine base and per-token cost: then the default's stay)
+    assert m["sched_pass_base_ms"] > 0 and m["sched_pass_per_token_ms"] > 0 and m["sched_tau"] >= 1.0
     assert 0.0 <= m["rollout_bubble_ratio"] < 1.0 and 0.0 <= m["rollout_tail_s"] <= m["time_rollout_s"]
     assert (run_dir / "checkpoints/step-000001/state.json").is_file()
     assert json.loads((run_dir / "checkpoints/step-000001/state.json").read_text())["world_size"] == 2
