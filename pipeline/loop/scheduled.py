@@ -15,11 +15,11 @@ import math
 from collections import defaultdict, deque
 from typing import TYPE_CHECKING
 
+from pipeline.costs import SCHED_COST
 from pipeline.distributed import CoordinationStore
 from pipeline.history.store import HistoryStore
 from pipeline.loop import rollouts
 from pipeline.loop.batches import shard
-from pipeline.costs import SCHED_COST
 from pipeline.loop.sched_runtime import measured_cost, rollout
 from pipeline.loop.tp_groups import new_groups
 from pipeline.rollout.contract import Sampling
