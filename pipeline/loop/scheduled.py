@@ -6,7 +6,9 @@ the batch (veRL's split). Otherwise (`auto` means seer when there is more than o
 the whole batch is placed by `pipeline.sched` and run on all ranks by
 `pipeline.loop.sched_runtime`; afterwards every rank holds every completion and keeps its own
 share for training, exactly the share the static split would have given it. The length
-predictor learns from every step's records (and, after a resume, from the history store).
+predictor learns from every step's records (and, after a resume, from the history store);
+the pass-cost model it places with, from the last steps' measured passes
+(`sched_runtime.measured_cost`).
 """
 
 from __future__ import annotations
