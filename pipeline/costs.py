@@ -53,10 +53,14 @@ class CostModel:
     def speculating(self, batch: int) -> bool:
         return self.tau > 1 and (self.spec_max_batch is None or batch <= self.spec_max_batch)
 
+    def scheduled_per_request(self, batch: int) -> int:
+        """Tokens one of `batch` running requests schedules per decode pass: its own plus
+        its drafts while speculating."""
+        return 1 + self.draft_tokens if self.speculating(batch) else 1
+
     def pass_s(self, batch: int) -> float:
         """Seconds of one decode pass over `batch` running requests."""
-        per_request = 1 + self.draft_tokens if self.speculating(batch) else 1
-        return self.pass_seconds(batch * per_request)
+        return self.pass_seconds(batch * self.scheduled_per_request(batch))
 
     def tokens_per_pass(self, batch: int) -> float:
         return self.tau if self.speculating(batch) else 1.0

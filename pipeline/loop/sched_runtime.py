@@ -34,7 +34,7 @@ from typing import Sequence
 
 import torch.distributed as dist
 
-from pipeline.costs import CostModel, bubble_ratio, fit
+from pipeline.costs import CostModel, bubble_ratio, fit, tau
 from pipeline.distributed import CoordinationStore
 from pipeline.rollout.contract import Completion
 from pipeline.sched.types import Chunk, Dispatcher, GroupWork, Placement, Request
@@ -84,7 +84,7 @@ def measured_cost(workers: Sequence[WorkerTimes], fallback: CostModel) -> CostMo
     if not drafts or not decode:
         return fitted
     emitted = sum(w.generated - w.requests for w in workers)  # after each chunk's prefill
-    return replace(fitted, tau=max(1.0, emitted / decode), draft_tokens=round(drafts / decode))
+    return replace(fitted, tau=max(1.0, tau(emitted, decode)), draft_tokens=round(drafts / decode))
 
 
 class _RemoteCluster:

@@ -83,7 +83,7 @@ class LoadEstimate:
     def _time(self, longest: float, tokens: float, count: int) -> float:
         cost = self.cost
         per_pass = cost.tokens_per_pass(count)  # tau while speculating at this batch, else 1
-        scheduled = 1 + cost.draft_tokens if cost.speculating(count) else 1  # per request and pass
+        scheduled = cost.scheduled_per_request(count)
         passes = max(longest, self.floor, tokens / self.capacity) / per_pass
         return cost.base_s * passes + cost.per_token_s * scheduled * tokens / per_pass
 
