@@ -18,12 +18,11 @@ import argparse
 import math
 from dataclasses import replace
 
-from pipeline.bench.sched import BenchSetup, step_groups
+from pipeline.bench.sched import BenchSetup, sim_inputs, step_groups
 from pipeline.sched.events import simulate_events
 from pipeline.sched.knowledge import LEVELS, with_knowledge
 from pipeline.sched.load import SPEC_COST_MODELS
-from pipeline.sched.placement import make_policy, step_params
-from pipeline.sched.simulator import SimConfig
+from pipeline.sched.placement import make_policy
 from pipeline.sched.synth import Shape, production_trace
 
 TIER2_GRID = [(frac, seqs) for frac in (0.0625, 0.125, 0.25, 0.5, 0.75) for seqs in (1, 2, 4, 8)]
@@ -42,14 +41,11 @@ def main() -> None:
     setup = BenchSetup(policies=("seer", "tier2", "oracle"), workers=args.workers, spec=args.spec,
                        requests_per_worker=rpw, chunk_tokens=args.chunk_tokens, seed=args.seed)
     groups, predictor = step_groups(trace, setup)
+    inputs = {spec: sim_inputs(setup, predictor, spec) for spec in {args.spec, "none"}}
 
     def run(policy: str, gs, spec: str, **knobs):
-        cost = SPEC_COST_MODELS[spec]
-        config = SimConfig(workers=args.workers, capacity=setup.capacity,
-                           prompt_tokens=setup.prompt_tokens, cost=cost)
-        params = replace(step_params(predictor, rpw, chunk_tokens=args.chunk_tokens,
-                                     capacity=setup.capacity, cost=cost), **knobs)
-        return simulate_events(make_policy(policy, params), gs, config)
+        config, params = inputs[spec]
+        return simulate_events(make_policy(policy, replace(params, **knobs)), gs, config)
 
     oracle = run("oracle", groups, args.spec)
     static_tail = run("static", groups, "none").tail_s

@@ -16,12 +16,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from pipeline.bench.sched import BenchSetup, step_groups
+from pipeline.bench.sched import BenchSetup, sim_inputs, step_groups
 from pipeline.sched.events import simulate_events
-from pipeline.sched.load import SPEC_COST_MODELS
-from pipeline.sched.placement import make_policy, step_params
-from pipeline.sched.predictor import LengthPredictor
-from pipeline.sched.simulator import SimConfig
+from pipeline.sched.placement import make_policy
 from pipeline.sched.synth import Shape, production_trace
 from pipeline.sched.tail import TailBatching, simulate_tail
 from pipeline.sched.types import GroupWork
@@ -39,20 +36,15 @@ def one(workers: int, requests: int, spec: str, chunk: int, seed: int) -> dict:
     setup = BenchSetup(policies=POLICIES, workers=workers, spec=spec, requests_per_worker=rpw,
                        chunk_tokens=chunk, seed=seed)
     groups, predictor = step_groups(trace, setup)
-    cost = SPEC_COST_MODELS[spec]
-    config = SimConfig(workers=workers, capacity=setup.capacity, prompt_tokens=setup.prompt_tokens,
-                       cost=cost)
-    params = step_params(predictor, rpw, chunk_tokens=chunk, capacity=setup.capacity, cost=cost)
+    config, params = sim_inputs(setup, predictor)
     out = {name: simulate_events(make_policy(name, params), groups, config) for name in POLICIES}
     best_t2 = min((simulate_events(make_policy("tier2", replace(params, tier2_workers_frac=f,
                                                                 tier2_max_seqs=c)), groups, config)
                    for f in (0.0625, 0.125) for c in (2, 4, 8)), key=lambda r: r.makespan_s)
     out["tier2_best"] = best_t2
     # tail batching: STEPS steps of the same number of groups from the replayed epoch
-    epoch = trace.step_epoch()
-    pred = LengthPredictor(trace.history(epoch))
-    pool = [GroupWork(g.group_id, len(g.lengths), pred.predict(g.group_id), pred.known(g.group_id),
-                      g.lengths) for g in trace.step(epoch)]
+    pool = [GroupWork(g.group_id, len(g.lengths), predictor.predict(g.group_id),
+                      predictor.known(g.group_id), g.lengths) for g in trace.step(trace.step_epoch())]
     per_step = len(groups)
     seer = make_policy("seer", params)
     base = simulate_tail(pool, per_step, STEPS, seer, config, simulate_events)

@@ -19,11 +19,10 @@ import argparse
 import math
 import time
 
-from pipeline.bench.sched import BenchSetup, simulate_policies, step_groups
+from pipeline.bench.sched import BenchSetup, sim_inputs, simulate_policies, step_groups
 from pipeline.sched.events import simulate_events
-from pipeline.sched.load import SPEC_COST_MODELS
-from pipeline.sched.placement import make_policy, policy_names, step_params
-from pipeline.sched.simulator import SimConfig, simulate
+from pipeline.sched.placement import make_policy, policy_names
+from pipeline.sched.simulator import simulate
 from pipeline.sched.synth import Shape, production_trace
 
 
@@ -34,12 +33,7 @@ def step(requests: int, workers: int, chunk: int, spec: str, seed: int):
                        requests_per_worker=math.ceil(requests / workers), chunk_tokens=chunk,
                        seed=seed)
     groups, predictor = step_groups(trace, setup)
-    cost = SPEC_COST_MODELS[spec]
-    config = SimConfig(workers=workers, capacity=setup.capacity, prompt_tokens=setup.prompt_tokens,
-                       cost=cost)
-    params = step_params(predictor, setup.requests_per_worker, chunk_tokens=chunk,
-                         capacity=setup.capacity, cost=cost)
-    return groups, config, params
+    return groups, *sim_inputs(setup, predictor)
 
 
 def timed(sim, name, groups, config, params):

@@ -23,7 +23,7 @@ from pipeline.sched.predictor import LengthPredictor
 from pipeline.sched.events import simulate_events
 from pipeline.sched.simulator import SimConfig, SimResult, no_cyclic_gc
 from pipeline.sched.trace import Trace, draw_groups
-from pipeline.sched.types import GroupWork
+from pipeline.sched.types import GroupWork, PlacementParams
 
 METRICS = ("makespan_s", "ideal_s", "makespan_over_ideal", "over_oracle", "bubble_ratio", "tail_s")
 
@@ -69,6 +69,18 @@ def step_groups(trace: Trace, setup: BenchSetup) -> tuple[list[GroupWork], Lengt
     return groups, predictor
 
 
+def sim_inputs(setup: BenchSetup, predictor: LengthPredictor,
+               spec: str | None = None) -> tuple[SimConfig, PlacementParams]:
+    """The simulator's configuration and the policies' parameters for a step of `setup`,
+    under the cost model of `spec` (default: `setup.spec`)."""
+    cost = SPEC_COST_MODELS[spec or setup.spec]
+    config = SimConfig(workers=setup.workers, capacity=setup.capacity,
+                       prompt_tokens=setup.prompt_tokens, cost=cost)
+    params = step_params(predictor, setup.requests_per_worker, chunk_tokens=setup.chunk_tokens,
+                         capacity=setup.capacity, cost=cost, **setup.knobs)
+    return config, params
+
+
 def run_bench(trace: Trace, setup: BenchSetup,
               on_done: Callable[[str], None] | None = None) -> dict[str, SimResult]:
     """Every policy of `setup` on the same simulated step, in the order given;
@@ -76,12 +88,8 @@ def run_bench(trace: Trace, setup: BenchSetup,
     if setup.spec not in SPEC_COST_MODELS:
         raise ValueError(f"spec {setup.spec!r} is not simulated; choose from "
                          f"{', '.join(SPEC_COST_MODELS)}")
-    cost = SPEC_COST_MODELS[setup.spec]
     groups, predictor = step_groups(trace, setup)
-    config = SimConfig(workers=setup.workers, capacity=setup.capacity,
-                       prompt_tokens=setup.prompt_tokens, cost=cost)
-    params = step_params(predictor, setup.requests_per_worker, chunk_tokens=setup.chunk_tokens,
-                         capacity=setup.capacity, cost=cost, **setup.knobs)
+    config, params = sim_inputs(setup, predictor)
     results = simulate_policies(setup.policies, groups, config, params, setup.jobs, on_done)
     return with_oracle(results, groups, config, params)
 
@@ -144,5 +152,5 @@ def bench_json(results: dict[str, SimResult], workers: int, source: str = "simul
                          for name, r in results.items()}}
 
 
-__all__ = ["BenchSetup", "METRICS", "bench_json", "run_bench", "simulate_policies", "step_groups",
-           "with_oracle"]
+__all__ = ["BenchSetup", "METRICS", "bench_json", "run_bench", "sim_inputs", "simulate_policies",
+           "step_groups", "with_oracle"]
