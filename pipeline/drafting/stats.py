@@ -3,6 +3,7 @@ drafts (`source_shares`) and where its time went (`DrafterTimes`)."""
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field, fields
 
 
@@ -43,11 +44,13 @@ class DrafterTimes:
 
     def minus(self, earlier: "DrafterTimes") -> "DrafterTimes":
         """The time spent since `earlier` (a copy taken then)."""
-        return DrafterTimes(*(getattr(self, f.name) - getattr(earlier, f.name)
-                              for f in fields(self)))
+        return self._by_part(earlier, operator.sub)
 
     def plus(self, other: "DrafterTimes") -> "DrafterTimes":
-        return DrafterTimes(*(getattr(self, f.name) + getattr(other, f.name)
+        return self._by_part(other, operator.add)
+
+    def _by_part(self, other: "DrafterTimes", op) -> "DrafterTimes":
+        return DrafterTimes(*(op(getattr(self, f.name), getattr(other, f.name))
                               for f in fields(self)))
 
     def as_dict(self, digits: int = 4) -> dict[str, float]:
