@@ -1,4 +1,4 @@
-"""`rhymectl bench e2e` end to end on the real engines: 2 tiny steps x 2 seeds, both arms,
+"""`rhymectl bench e2e` end to end on the real engines: 1 tiny step x 2 seeds, both arms,
 each run a real `rhymectl train` process (vLLM + DeepSpeed)."""
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ TINY = ["data.train_batch_size=4", "data.train_size=8", "train.ppo_mini_batch_si
         "run.eval_n=2", "run.checkpoint_every=100"]
 
 
-def test_bench_e2e_two_steps_two_seeds(tiny_model, tmp_path):
+def test_bench_e2e_one_step_two_seeds(tiny_model, tmp_path):
     root = tmp_path / "e2e"
     cmd = [sys.executable, "-m", "rhymectl", "bench", "e2e", str(REPO / "sample_configs/tiny.yaml"),
-           f"model.path={tiny_model}", *TINY, "--steps", "2", "--seeds", "0,1",
+           f"model.path={tiny_model}", *TINY, "--steps", "1", "--seeds", "0,1",
            "--run-dir", str(root), "--json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -32,8 +32,8 @@ def test_bench_e2e_two_steps_two_seeds(tiny_model, tmp_path):
     assert (root / "bench-e2e.png").stat().st_size > 10_000
     for arm in ("baseline", "accelerated"):
         a = report["arms"][arm]
-        assert a["seeds"] == [0, 1] and [r["steps"] for r in a["runs"]] == [2, 2]
-        assert a["curves"]["step"] == [1, 2] and a["heldout"]["step"] == [0, 2]
+        assert a["seeds"] == [0, 1] and [r["steps"] for r in a["runs"]] == [1, 1]
+        assert a["curves"]["step"] == [1] and a["heldout"]["step"] == [0, 1]
         assert 0 < a["rollout_share"] < 1 and a["phases_s_per_step"]["train"] > 0
         for run in a["runs"]:
             assert run["final_heldout"]["prompts"] == 6 and run["final_heldout"]["k"] == 2

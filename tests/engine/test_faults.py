@@ -12,6 +12,7 @@ its rows are compared with the reference.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -106,6 +107,8 @@ def reference(reference_dir) -> dict:
 
 def test_every_fault_point_resumes_to_the_uninterrupted_rows_bit_for_bit(
         tiny_model, reference, tmp_path):
+    """Processes resumed from the step-2 checkpoint produce steps 3-4 bit for bit as the
+    uninterrupted run does (rows, sampled tokens, losses): the resume test of the loop."""
     from pipeline.faults import POINTS
 
     killed = {f.split(":")[0] for f, code in CHAIN_NONE if code == -9}
@@ -121,17 +124,47 @@ def test_every_fault_point_resumes_to_the_uninterrupted_rows_bit_for_bit(
 
 def test_with_history_and_sibling_drafts_resumes_complete(tiny_model, tmp_path):
     """Drafts change the random stream (the draft budget's state is not checkpointed), so
-    rows are checked for completeness: every step, prompt and sample once, no gap."""
-    run_chain(tiny_model, tmp_path / "run", CHAIN_SPEC, "spec.method=history+group",
-              "data.train_size=4")
-    got = audit.snapshot(tmp_path / "run")
+    rows are checked for completeness: every step, prompt and sample once, no gap.
+
+    Steps 3 and 4 revisit steps 1-2's prompts (two steps per epoch) and run in processes
+    resumed from the step-2 checkpoint: their drafter history comes back from the index
+    that checkpoint refreshed, drafts from it are accepted, and the engine still samples
+    from the trained weights (vLLM's logprobs of the sampled tokens equal the trainer's).
+    Without the index, a resume warns and drafts from live siblings only."""
+    run_dir = tmp_path / "run"
+    args = ("spec.method=history+group", "data.train_size=4", "rollout.temperature=1.0",
+            "rollout.logprob_check_every=1")
+    run_chain(tiny_model, run_dir, CHAIN_SPEC, *args)
+    got = audit.snapshot(run_dir)
     keys = [(r["step"], r["prompt_id"], r["sample_index"]) for r in got["history"]]
     assert len(keys) == len(set(keys)) == STEPS * BATCH * N
     assert sorted({k[0] for k in keys}) == list(range(STEPS))
-    assert [r["step"] for r in got["metrics"]] == [1, 2, 3, 4]
+    assert all(r["policy_version"] == r["step"] for r in got["history"])
     assert [r["step"] for r in got["eval"]] == [0, 2, 4]
-    state = json.loads((tmp_path / "run/checkpoints/step-000004/state.json").read_text())
+    state = json.loads((run_dir / "checkpoints/step-000004/state.json").read_text())
     assert state["covers"]["history_rows"] == STEPS * BATCH * N
+    meta = json.loads((run_dir / "index" / "meta.json").read_text())
+    assert meta["last_step"] == STEPS - 1 and meta["rows"] == STEPS * BATCH * N
+    m = _metrics(run_dir)
+    assert [r["step"] for r in m] == [1, 2, 3, 4] and [r["epoch"] for r in m] == [0, 0, 1, 1]
+    for r in m:
+        assert r["spec_tau"] >= 1.0 and 0.0 <= r["spec_accept_rate"] <= 1.0
+        assert r["spec_drafter_s"] >= 0.0
+        assert r["train_sampler_logprob_diff"] < 1e-4
+    # prompts the drafter holds history for: steps 3-4 ran in resumed processes, so their
+    # 4 came back from the index
+    assert [r["spec_history_prompts"] for r in m] == [0, BATCH, 2 * BATCH, 2 * BATCH]
+    assert max(r["spec_tau"] for r in m[2:]) > 1.0  # drafts from epoch 0 were accepted
+
+    shutil.rmtree(run_dir / "index")
+    proc = train(tiny_model, run_dir, *args, f"train.total_steps={STEPS + 1}", resume=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "has no history index" in proc.stderr
+    assert _metrics(run_dir)[STEPS]["spec_history_prompts"] == 0
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def _tree(run_dir: Path) -> dict:
@@ -173,8 +206,6 @@ CORRUPTIONS = {
 def test_corrupt_files_are_refused_with_one_line_and_nothing_changed(
         tiny_model, reference_dir, tmp_path, damage):
     """Checked before any engine starts, so each case costs a process start only."""
-    import shutil
-
     run_dir = tmp_path / "run"
     shutil.copytree(reference_dir, run_dir)
     corrupt, expected = CORRUPTIONS[damage]
@@ -192,7 +223,6 @@ def test_a_second_writer_is_refused_with_the_holders_host_and_pid(tiny_model, re
                                                                    tmp_path):
     """A run directory in use: `train --resume` (a Slurm requeue, a double submission)
     and `index build` stop with one line and exit 2 and change nothing."""
-    import shutil
     import socket
 
     run_dir = tmp_path / "run"

@@ -6,7 +6,6 @@ Each run is a real `rhymectl train` process: small batches, a few steps.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -116,22 +115,6 @@ def test_vllm_after_training_matches_transformers_on_the_trained_weights(uninter
     assert evals[-1]["reward_mean"] == pytest.approx(sum(rewards) / len(rewards), abs=1e-9)
 
 
-def test_resume_gives_the_same_next_step(tiny_model, tmp_path):
-    """Bit-identical without speculation. (With it, a resumed run samples from the same
-    distribution, but the draft budget's learned acceptance rates are not checkpointed, so
-    drafts, and with them the random stream, differ.)"""
-    a_dir, run_dir = tmp_path / "a", tmp_path / "b"
-    train(tiny_model, a_dir, "train.total_steps=2", "spec.method=none")
-    train(tiny_model, run_dir, "train.total_steps=1", "spec.method=none")
-    assert [r["step"] for r in metrics(run_dir)] == [1]
-    train(tiny_model, run_dir, "train.total_steps=2", "spec.method=none", "--resume")
-    a, b = metrics(a_dir), metrics(run_dir)
-    assert [r["step"] for r in b] == [1, 2]
-    for key in ("reward_mean", "accuracy", "resp_len_mean", "gen_tokens", "train_loss", "train_pg_loss"):
-        assert b[1][key] == a[1][key], key
-    assert [r["response_ids"] for r in history(run_dir, 1)] == [r["response_ids"] for r in history(a_dir, 1)]
-
-
 def test_two_ranks_under_torchrun(tiny_model, tmp_path):
     run_dir = tmp_path / "ddp"
     train(tiny_model, run_dir, "train.total_steps=1", nproc=2)
@@ -147,35 +130,3 @@ def test_two_ranks_under_torchrun(tiny_model, tmp_path):
     assert 0.0 <= m["rollout_bubble_ratio"] < 1.0 and 0.0 <= m["rollout_tail_s"] <= m["time_rollout_s"]
     assert (run_dir / "checkpoints/step-000001/state.json").is_file()
     assert json.loads((run_dir / "checkpoints/step-000001/state.json").read_text())["world_size"] == 2
-
-
-def test_training_with_history_and_sibling_drafts(tiny_model, tmp_path):
-    """spec.method=history+group inside the loop: step 2 revisits step 1's prompts (one
-    step per epoch), so its drafts come from history; the engine still samples from the
-    trained weights (vLLM's logprobs of the sampled tokens equal the trainer's).
-
-    Step 2 runs in a resumed process: the drafter's history comes back from the index the
-    checkpoint refreshed. Without the index, a resume warns and drafts live only."""
-    run_dir = tmp_path / "spec"
-    args = ("spec.method=history+group", "data.train_size=4", "rollout.temperature=1.0",
-            "rollout.logprob_check_every=1")
-    train(tiny_model, run_dir, "train.total_steps=1", *args)
-    meta = json.loads((run_dir / "index" / "meta.json").read_text())
-    assert meta["last_step"] == 0 and meta["rows"] == 4 * 4
-    train(tiny_model, run_dir, "train.total_steps=2", *args, "--resume")
-    m = metrics(run_dir)
-    assert [r["step"] for r in m] == [1, 2] and [r["epoch"] for r in m] == [0, 1]
-    for r in m:
-        assert r["spec_tau"] >= 1.0 and 0.0 <= r["spec_accept_rate"] <= 1.0
-        assert r["spec_drafter_s"] >= 0.0
-        assert r["train_sampler_logprob_diff"] < 1e-4
-    assert m[0]["spec_history_prompts"] == 0
-    assert m[1]["spec_history_prompts"] == 4  # refilled from the index after the resume
-    assert m[1]["spec_tau"] > 1.0  # drafts from epoch 0's responses were accepted
-    assert {r["policy_version"] for r in history(run_dir, 1)} == {1}
-
-    shutil.rmtree(run_dir / "index")
-    proc = train_process(tiny_model, run_dir, "train.total_steps=3", *args, "--resume")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "has no history index" in proc.stderr
-    assert metrics(run_dir)[2]["spec_history_prompts"] == 0
