@@ -9,6 +9,9 @@ failure, with the traceback behind `--debug`.
 from __future__ import annotations
 
 
+DEBUG_ENV = "RHYMECTL_DEBUG"  # "1": tracebacks instead of one-line errors (ranks inherit it)
+
+
 class UsageError(Exception):
     """Bad input. The message is one line: what is wrong and how to fix it."""
 

@@ -16,7 +16,8 @@ try:  # typer >= 0.20 vendors click
 except ImportError:  # pragma: no cover
     from click import exceptions as click_exc
 
-from pipeline.errors import UsageError
+from pipeline import children
+from pipeline.errors import DEBUG_ENV, UsageError
 from rhymectl import output
 from rhymectl import (cmd_bench, cmd_doctor, cmd_index, cmd_init_model, cmd_profile, cmd_report,
                       cmd_train)
@@ -37,10 +38,10 @@ for module in (cmd_init_model, cmd_train, cmd_report, cmd_profile, cmd_bench, cm
 
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in args or os.environ.get("RHYMECTL_DEBUG") == "1"
+    debug = "--debug" in args or os.environ.get(DEBUG_ENV) == "1"
     args = [a for a in args if a != "--debug"]
     if debug:
-        os.environ["RHYMECTL_DEBUG"] = "1"  # torchrun children inherit it
+        os.environ[DEBUG_ENV] = "1"  # torchrun children inherit it
     if "--json" in args:
         output.reserve_stdout_for_json()
     try:
@@ -68,6 +69,8 @@ def _run(args: list[str], debug: bool) -> None:
         if debug:
             raise
         _fail(str(exc), 2)
+    except children.Stopped as exc:  # the child (torchrun, a training run) has ended too
+        _fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:
         _fail("interrupted", 130)
     except Exception as exc:  # noqa: BLE001 — the one place a crash becomes an exit code

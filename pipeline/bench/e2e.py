@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import json
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline import children
 from pipeline.errors import RuntimeFailure, UsageError
 
 ARMS = ("baseline", "accelerated")
@@ -126,7 +126,7 @@ def run_arm(plan: Plan, arm: str, seed: int) -> RunResult:
         else:
             cmd, env = [sys.executable, "-m", RANK_MODULE, *args], None
         started = time.perf_counter()
-        code = subprocess.call(cmd, env=env, stdout=sys.stderr)  # stdout: the bench's --json
+        code = children.run(cmd, env=env, stdout=sys.stderr)  # stdout: the bench's --json
         wall = time.perf_counter() - started
         if code == 2:
             raise UsageError(f"bench e2e: the {arm} arm (seed {seed}) was refused (its error is "

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
+from pipeline import children
 from pipeline.errors import RuntimeFailure
 from pipeline.loop.launch import torchrun_command, torchrun_env
 from pipeline.sched.simulator import SimResult
@@ -24,7 +24,7 @@ def run_real(run_dir: Path, setup) -> tuple[dict, dict]:
             str(setup.migrate_gap or 0)] + (
                 [] if setup.epoch is None else [str(setup.epoch)])
     cmd = torchrun_command(setup.workers, "pipeline.bench.sched_real", *args)
-    code = subprocess.call(cmd, env=torchrun_env(), stdout=sys.stderr)  # stdout: the --json object
+    code = children.run(cmd, env=torchrun_env(), stdout=sys.stderr)  # stdout: the --json object
     if code or not out.is_file():
         raise RuntimeFailure(f"bench sched on {setup.workers} real workers failed (exit {code})")
     report = json.loads(out.read_text())

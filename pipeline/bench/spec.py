@@ -24,13 +24,13 @@ import gc
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+from pipeline import children
 from pipeline import costs
 from pipeline import distributed as dist
 from pipeline.bench.spec_plan import Plan
@@ -134,13 +134,14 @@ def run_isolated(config_path: Path, overrides: list[str], plan: Plan, method: st
     cmd = [sys.executable, "-m", "pipeline.bench.spec_worker", str(config_path), str(plan.run_dir),
            str(plan.epochs), method, str(result_path), *overrides]
     # our stdout is kept for the --json object; the worker's carries its progress
-    with subprocess.Popen(cmd, env=dict(os.environ), stdout=subprocess.PIPE, text=True) as proc:
-        for line in proc.stdout:
-            if line == PROGRESS_LINE:
-                advance()
-            else:
-                sys.stderr.write(line)
-    code = proc.returncode
+
+    def on_line(line: str) -> None:
+        if line == PROGRESS_LINE:
+            advance()
+        else:
+            sys.stderr.write(line)
+
+    code = children.run(cmd, env=dict(os.environ), on_line=on_line)
     if code or not result_path.is_file():
         raise RuntimeFailure(f"bench spec: method {method} failed (exit {code}): {' '.join(cmd)}")
     data = json.loads(result_path.read_text())

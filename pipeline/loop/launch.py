@@ -15,23 +15,23 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from pipeline import children
 from pipeline.atomic import write_json_atomic
 from pipeline.config import Config, load_config
 from pipeline.distributed import free_port
-from pipeline.errors import RuntimeFailure, UsageError
+from pipeline.errors import DEBUG_ENV, RuntimeFailure, UsageError
 from pipeline.loop import lock, rundir
 from pipeline.loop.metrics import eval_line, format_line
 from pipeline.loop.preflight import preflight
 from pipeline.loop.run import ViewFactory, run
 
 RANK_MODULE = "pipeline.loop.launch"  # this module, as `python -m` runs it
-DEBUG_ENV = "RHYMECTL_DEBUG"  # "1": tracebacks instead of one-line errors (inherited by ranks)
+TORCHRUN_MODULE = "pipeline.loop.torchrun"  # torchrun, quiet when a signal stops it
 
 
 def under_torchrun() -> bool:
@@ -51,7 +51,7 @@ def launch(cfg: Config, config_path: Path, overrides: list[str], resume: bool, f
 
 def torchrun_command(nproc: int, module: str, *args: str) -> list[str]:
     """`python -m module args` on `nproc` local ranks under torchrun."""
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+    return [sys.executable, "-m", TORCHRUN_MODULE, f"--nproc_per_node={nproc}",
             "--master_addr=127.0.0.1", f"--master_port={free_port()}", "-m", module, *args]
 
 
@@ -73,7 +73,7 @@ def spawn(config_path: Path, overrides: list[str], resume: bool, force: bool,
         summary = Path(tmp) / "summary.json"
         cmd = torchrun_command(nproc, RANK_MODULE, *rank_args(config_path, overrides, resume,
                                                            force, summary))
-        code = subprocess.call(cmd, env=torchrun_env(), stdout=sys.stderr)  # stdout: --json
+        code = children.run(cmd, env=torchrun_env(), stdout=sys.stderr)  # stdout: --json
         _exit_like(code, "torchrun")
         return json.loads(summary.read_text())
 
@@ -84,7 +84,7 @@ def run_subprocess(config_path: Path, overrides: list[str], resume: bool, force:
         summary = Path(tmp) / "summary.json"
         cmd = [sys.executable, "-m", RANK_MODULE, *rank_args(config_path, overrides, resume, force,
                                                           summary)]
-        code = subprocess.call(cmd, stdout=sys.stderr)  # keep stdout for --json
+        code = children.run(cmd, stdout=sys.stderr)  # keep stdout for --json
         _exit_like(code, "the training run")
         return json.loads(summary.read_text())
 

@@ -6,8 +6,11 @@ Each run is a real `rhymectl train` process: small batches, a few steps.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -130,3 +133,40 @@ def test_two_ranks_under_torchrun(tiny_model, tmp_path):
     assert 0.0 <= m["rollout_bubble_ratio"] < 1.0 and 0.0 <= m["rollout_tail_s"] <= m["time_rollout_s"]
     assert (run_dir / "checkpoints/step-000001/state.json").is_file()
     assert json.loads((run_dir / "checkpoints/step-000001/state.json").read_text())["world_size"] == 2
+
+
+def test_a_sigterm_to_rhymectl_alone_stops_its_ranks(tiny_model, tmp_path):
+    """`kill PID` of `rhymectl train --nproc 2` (a process manager's stop): torchrun and
+    both ranks stop too, the run directory's lock is free for `--resume`, one error line."""
+    from pipeline.loop import lock
+
+    run_dir = tmp_path / "stopped"
+    cmd = [sys.executable, "-m", "rhymectl", "train", str(REPO / "sample_configs/tiny.yaml"),
+           f"model.path={tiny_model}", f"run.dir={run_dir}", *SMALL, "train.total_steps=200",
+           "--nproc", "2"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (run_dir / "metrics.jsonl").is_file():  # the ranks are training
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)  # to rhymectl only, not its process group
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:  # the test failed before rhymectl stopped
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 143, err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "stopped by SIGTERM" in errors[0], err[-3000:]
+    assert "Traceback" not in err
+    left = [p for p in Path("/proc").glob("[0-9]*") if str(run_dir) in _cmdline(p)]
+    assert not left, [_cmdline(p) for p in left]
+    lock.probe(run_dir)  # raises if a rank still held it
+
+
+def _cmdline(proc_dir: Path) -> str:
+    try:
+        return (proc_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""

@@ -3,7 +3,7 @@
 packages form no import cycle.
 
 Layers, bottom to top (README "Layout"):
-  1 kernel    errors, atomic, config, distributed, costs
+  1 kernel    errors, atomic, config, distributed, costs, children
   2 logic     tasks, history, drafting, sched, train.grpo
   3 adapters  rollout (vLLM), train (DeepSpeed), policy
   4 loop
@@ -22,7 +22,7 @@ ROOTS = ("pipeline", "rhymectl")
 # Most specific prefix wins; a module matches a prefix equal to it or below it.
 LAYERS: dict[str, int] = {
     "pipeline": 1, "pipeline.errors": 1, "pipeline.atomic": 1, "pipeline.config": 1,
-    "pipeline.distributed": 1, "pipeline.costs": 1, "pipeline.faults": 1,
+    "pipeline.distributed": 1, "pipeline.costs": 1, "pipeline.faults": 1, "pipeline.children": 1,
     "pipeline.tasks": 2, "pipeline.history": 2, "pipeline.drafting": 2, "pipeline.sched": 2,
     "pipeline.train.grpo": 2,
     "pipeline.rollout": 3, "pipeline.train": 3, "pipeline.policy": 3,
