@@ -42,6 +42,9 @@ def train(
     else:
         facts = preflight(cfg, world_size=int(os.environ.get("WORLD_SIZE", 1)))
     if dry_run:
+        from pipeline.loop.rundir import check_run_dir
+
+        check_run_dir(cfg, resume, force)  # what the run would say about run.dir
         if json_out:
             emit_json({"config": to_dict(cfg), "checks": facts})
         else:

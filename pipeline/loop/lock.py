@@ -72,7 +72,11 @@ class RunLock:
         """Take the lock or raise UsageError naming its holder."""
         if self.run_dir.exists() and not self.run_dir.is_dir():
             raise UsageError(f"run.dir = {self.run_dir} is a file; choose a directory")
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"run.dir = {self.run_dir} cannot be created ({exc.strerror}); "
+                             f"choose a directory you can write to") from None
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

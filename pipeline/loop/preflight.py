@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pipeline.config import Config, ConfigError
 from pipeline.errors import UsageError
-from pipeline.loop import loggers, tp_groups
+from pipeline.loop import loggers, rundir, tp_groups
 from pipeline.policy.checks import check_model_dir
 from pipeline.rollout.versions import check_vllm
 from pipeline.sched.placement import resolve_policy_name
@@ -40,6 +40,7 @@ def preflight(cfg: Config, world_size: int, local_world: int | None = None) -> d
     attempt(check_vllm, cfg.rollout.allow_untested_vllm)
     attempt(check_tp, cfg, world_size, local_world)
     attempt(loggers.check, cfg.run.loggers)
+    attempt(rundir.check_writable, cfg.run.dir)
     model_dir = attempt(check_model_dir, cfg.model.path)
     dataset = attempt(train_rows, cfg.data)
     reward_name = attempt(resolve_reward_name, cfg)

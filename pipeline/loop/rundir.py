@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -57,6 +58,23 @@ def model_fingerprint(model_dir: str | Path) -> str:
 def identity(cfg: Config) -> dict:
     return {"config": config_fingerprint(cfg), "model": model_fingerprint(cfg.model.path),
             "model_path": cfg.model.path}
+
+
+def check_writable(run_dir: str | Path) -> None:
+    """UsageError unless run.dir is a directory this process can write, or can be created
+    as one: its nearest existing ancestor must be a writable directory."""
+    d = Path(run_dir)
+    if d.exists() and not d.is_dir():
+        raise UsageError(f"run.dir = {d} is a file; choose a directory")
+    probe = d
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UsageError(f"run.dir = {d} cannot be created: {probe} is a file; choose another "
+                         f"run.dir")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        what = "is not writable" if probe == d else f"cannot be created: {probe} is not writable"
+        raise UsageError(f"run.dir = {d} {what}; choose a directory you can write to")
 
 
 def check_run_dir(cfg: Config, resume: bool, force: bool) -> None:

@@ -424,6 +424,30 @@ def test_the_printed_config_keeps_square_brackets(capsys, real_model, one_prompt
     assert yaml.safe_load(out)["run"]["dir"] == "runs/[v2]/x"
 
 
+def test_a_run_dir_that_cannot_be_created_fails_the_dry_run(capsys, tmp_path, real_model,
+                                                          one_prompt):
+    (tmp_path / "notes.txt").write_text("mine")
+    run_dir = tmp_path / "notes.txt" / "run"
+    assert dry_run(capsys, f"model.path={real_model}", f"data.path={one_prompt}",
+                   f"run.dir={run_dir}") == (
+        f"run.dir = {run_dir} cannot be created: {tmp_path / 'notes.txt'} is a file; choose "
+        f"another run.dir")
+    assert dry_run(capsys, f"model.path={real_model}", f"data.path={one_prompt}",
+                   f"run.dir={tmp_path / 'notes.txt'}") == (
+        f"run.dir = {tmp_path / 'notes.txt'} is a file; choose a directory")
+
+
+def test_the_dry_run_says_what_the_run_would_about_an_existing_run(capsys, tmp_path, real_model,
+                                                                 one_prompt):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "run.json").write_text("{}")
+    assert dry_run(capsys, f"model.path={real_model}", f"data.path={one_prompt}",
+                   f"run.dir={run_dir}") == (
+        f"run.dir = {run_dir} already holds a run; pass --resume to continue it or --force to "
+        f"replace it")
+
+
 # -- nothing written on bad input -------------------------------------------------------
 
 

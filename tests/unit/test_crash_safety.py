@@ -276,3 +276,13 @@ def test_enospc_mid_index_build_keeps_the_previous_index(tmp_path, monkeypatch):
     assert "no space left on device" in commit.disk_error(info.value, run)
     monkeypatch.delenv(faults.ENV)
     assert index.build(run, model, 2).last_step == 1
+
+
+def test_a_run_dir_that_cannot_be_created_is_a_usage_error(tmp_path):
+    """What the preflight cannot foresee (a path the kernel refuses) still fails with one
+    line at the lock, the first write."""
+    with pytest.raises(UsageError, match=r"run.dir = /proc/rhymectl-test/run cannot be created \("):
+        lock.RunLock("/proc/rhymectl-test/run").acquire()
+    (tmp_path / "f").write_text("")
+    with pytest.raises(UsageError, match="cannot be created"):
+        lock.RunLock(tmp_path / "f" / "run").acquire()
