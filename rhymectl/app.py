@@ -62,8 +62,7 @@ def _run(args: list[str], debug: bool) -> None:
     except click_exc.ClickException as exc:
         if debug:
             raise
-        known = {c.name for c in app.registered_commands} | {g.name for g in app.registered_groups}
-        command = f"{args[0]} " if args and args[0] in known else ""
+        command = "".join(f"{name} " for name in _command_path(args))
         _fail(f"{exc.format_message()} (see `rhymectl {command}--help`)", exc.exit_code)
     except UsageError as exc:
         if debug:
@@ -83,6 +82,22 @@ def _run(args: list[str], debug: bool) -> None:
     if code == 130:
         _fail("interrupted", 130)
     sys.exit(code)
+
+
+def _command_path(args: list[str]) -> list[str]:
+    """The command (and subcommand: `bench sched`) that `args` start with."""
+    path, group = [], app
+    for arg in args:
+        commands = {c.name for c in group.registered_commands}
+        groups = {g.name: g.typer_instance for g in group.registered_groups}
+        if arg in groups:
+            path.append(arg)
+            group = groups[arg]
+        elif arg in commands:
+            return path + [arg]
+        else:
+            break
+    return path
 
 
 def _fail(message: str, code: int) -> None:

@@ -148,6 +148,11 @@ def test_an_unknown_option(capsys):
 
 def test_a_missing_argument(capsys):
     assert fails(capsys, "train") == "Missing argument 'config'. (see `rhymectl train --help`)"
+    assert fails(capsys, "bench", "sched", "--workers", "0") == (
+        "Invalid value for '--workers': Input should be greater than or equal to 1 (see "
+        "`rhymectl bench sched --help`)")
+    assert fails(capsys, "bench", "nope").startswith("No such command 'nope'.")
+    assert fails(capsys, "bench", "nope").endswith("(see `rhymectl bench --help`)")
 
 
 def test_nproc_below_one(capsys):
