@@ -27,7 +27,7 @@ def init_model(
 ) -> None:
     from dataclasses import replace
 
-    from pipeline.policy.bootstrap import InitOptions, init_model as build
+    from pipeline.policy.bootstrap import InitOptions, check_target, init_model as build
     from pipeline.tasks.base import get_task
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -36,6 +36,7 @@ def init_model(
     if steps is not None:
         spec = replace(spec, sft=replace(spec.sft, steps=steps))
     target = out_dir or Path("models") / f"tiny-{task}"
+    check_target(target, spec, force)  # before the progress bar: one line if refused
     with Progress(TextColumn("SFT warm-up"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TextColumn("loss {task.fields[loss]:.3f}"), TimeRemainingColumn(),
                   console=log, transient=True) as progress:

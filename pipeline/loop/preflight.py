@@ -13,7 +13,8 @@ from pathlib import Path
 from pipeline.config import Config, ConfigError
 from pipeline.errors import UsageError
 from pipeline.loop import loggers, rundir, tp_groups
-from pipeline.policy.checks import check_model_dir
+from pipeline.loop.batches import PromptSource
+from pipeline.policy.checks import check_model_dir, fix_hint
 from pipeline.rollout.versions import check_vllm
 from pipeline.sched.placement import resolve_policy_name
 from pipeline.tasks.data import resolve_reward
@@ -43,6 +44,8 @@ def preflight(cfg: Config, world_size: int, local_world: int | None = None) -> d
     attempt(rundir.check_writable, cfg.run.dir)
     model_dir = attempt(check_model_dir, cfg.model.path)
     dataset = attempt(train_rows, cfg.data)
+    source = None if dataset is None else attempt(
+        PromptSource, list(dataset), cfg.data.train_batch_size, cfg.data.seed, cfg.data.shuffle)
     reward_name = attempt(resolve_reward_name, cfg)
     if dataset is not None and reward_name is not None:
         attempt(check_references, reward_name, dataset, cfg.data.path or cfg.data.task)
@@ -61,7 +64,8 @@ def preflight(cfg: Config, world_size: int, local_world: int | None = None) -> d
                         f"model's context of {context} tokens; lower rollout.max_tokens")
     if problems:
         raise ConfigError(problems)
-    return {"world_size": world_size, "prompts": len(dataset), "longest_prompt_tokens": longest,
+    return {"world_size": world_size, "prompts": len(source.prompts),
+            "longest_prompt_tokens": longest,
             "model_context": context, "reward": reward_name}
 
 
@@ -130,5 +134,5 @@ def longest_prompt_tokens(model_dir: Path, prompts) -> int:
         tok = AutoTokenizer.from_pretrained(str(model_dir))
     except Exception as exc:  # noqa: BLE001 — any loader failure is the directory's fault
         raise UsageError(f"the tokenizer in {model_dir} does not load ({type(exc).__name__}); "
-                         f"rebuild it with `rhymectl init-model --out {model_dir} --force`") from None
+                         f"{fix_hint(model_dir)}") from None
     return max((len(ids) for ids in tok(list(prompts))["input_ids"]), default=0)

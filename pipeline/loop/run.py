@@ -101,13 +101,14 @@ def setup(cfg: Config, rank: int, world: int, resume: bool, force: bool,
         import torch
         torch.set_num_threads(cfg.run.threads)
     run_dir = Path(cfg.run.dir)
-    if rank == 0:
-        rundir.start(cfg, resume, force)
-    dist.barrier()
+    # what the input can refuse, before the run directory is written
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     prompts = PromptSource(list(train_rows(cfg.data)), cfg.data.train_batch_size, cfg.data.seed,
                            cfg.data.shuffle)
     reward_fn = resolve_reward(cfg.data.reward or cfg.data.task, cfg.data.partial_credit)
+    if rank == 0:
+        rundir.start(cfg, resume, force)
+    dist.barrier()
     actor = Actor(cfg, world)
     engine = RolloutEngine.from_config(cfg)
     ctx = Context(cfg, rank, world, engine, actor, tokenizer, prompts, reward_fn, run_dir)

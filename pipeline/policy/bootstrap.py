@@ -2,7 +2,9 @@
 
 The output directory is built in a temp folder beside it and renamed into place, so a
 crash never leaves a directory that looks like a model but is not. `rhymectl_model.json`
-records what built it; a second call with the same settings returns at once.
+records what built it; a second call with the same settings returns at once. Only an
+empty or new folder, or one that init-model built, is ever replaced (one built with other
+settings only with `force`): the folder is removed before the new model takes its place.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ from typing import Callable
 
 import torch
 
+from pipeline.errors import UsageError
+from pipeline.policy.checks import MANIFEST, built_manifest
 from pipeline.policy.model import TinyArch, build_model, count_parameters
 from pipeline.policy.sft import SFTSettings, greedy_generate, run_sft
 from pipeline.policy.tokenizer import train_char_tokenizer
 from pipeline.tasks.base import get_task, task_names
 
-MANIFEST = "rhymectl_model.json"
 BUILD_VERSION = 1  # bump when the recipe changes, so stale caches are rebuilt
 
 
@@ -54,6 +57,29 @@ def cached_manifest(out: Path, spec: InitOptions) -> dict | None:
     return manifest
 
 
+def check_target(out: Path, spec: InitOptions, force: bool) -> None:
+    """UsageError unless the model may be written to `out`: a new or empty folder, or one
+    init-model built (with other settings: only with `force`). Checked before the build."""
+    if not force and cached_manifest(out, spec):
+        return  # a cache hit writes nothing
+    probe = out
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        where = "is a file" if probe == out else f"cannot be created: {probe} is a file"
+        raise UsageError(f"--out {out} {where}; give a folder for the model")
+    if probe != out or not any(out.iterdir()):
+        return
+    built = built_manifest(out)
+    if built is None:
+        raise UsageError(f"--out {out} holds files that init-model did not write (no {MANIFEST}); "
+                         f"give a new or empty folder")
+    if not force:
+        raise UsageError(f"--out {out} holds a model built with other settings (task "
+                         f"{built.get('task')}, seed {built.get('seed')}); pass --force to "
+                         f"replace it, or give another folder")
+
+
 def held_out_rows(task_name: str, seed: int, n: int, exclude_ids: set[str]) -> list[dict]:
     """Prompts from a different seed that the SFT data never contained."""
     rows = get_task(task_name).generate(n * 3, seed + 7919)
@@ -66,6 +92,7 @@ def init_model(out: Path, spec: InitOptions, force: bool = False,
     if not force and (hit := cached_manifest(out, spec)):
         return {**hit, "cached": True}
     get_task(spec.task)  # fail fast on an unknown task
+    check_target(out, spec, force)
     started = time.time()
     torch.manual_seed(spec.seed)
     texts = [r["prompt"] + r["solution"] for name in task_names()

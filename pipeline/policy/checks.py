@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from pipeline.errors import UsageError
@@ -9,6 +10,25 @@ from pipeline.errors import UsageError
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+MANIFEST = "rhymectl_model.json"  # what `init-model` built a directory with
+
+
+def built_manifest(path: str | Path) -> dict | None:
+    """The record `init-model` left in the directory (None: it did not build it)."""
+    try:
+        manifest = json.loads((Path(path).expanduser() / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) else None
+
+
+def fix_hint(path: str | Path, key: str = "model.path") -> str:
+    """How to mend a broken model directory: init-model rebuilds only folders it built (or
+    empty ones); anything else is the user's and is never replaced."""
+    p = Path(path).expanduser()
+    if built_manifest(p) is not None or (p.is_dir() and not any(p.iterdir())):
+        return f"rebuild it with `rhymectl init-model --out {path} --force` or point {key} elsewhere"
+    return f"point {key} at a complete Hugging-Face model directory"
 
 
 def check_model_dir(path: str | Path, key: str = "model.path") -> Path:
@@ -31,6 +51,5 @@ def check_model_dir(path: str | Path, key: str = "model.path") -> Path:
     if not any((p / f).is_file() for f in TOKENIZER_FILES):
         missing.append("tokenizer (tokenizer.json)")
     if missing:
-        raise UsageError(f"{key} = {path} has no {', no '.join(missing)}; rebuild it with "
-                         f"`rhymectl init-model --out {path} --force` or point {key} elsewhere")
+        raise UsageError(f"{key} = {path} has no {', no '.join(missing)}; {fix_hint(path, key)}")
     return p

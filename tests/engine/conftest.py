@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.policy.bootstrap import InitOptions, init_model
+from pipeline.policy.bootstrap import InitOptions, cached_manifest, init_model
 
 TEST_SFT_STEPS = 300
 
@@ -26,5 +26,5 @@ def tiny_model(tmp_path_factory) -> Path:
     out = root / "tiny-sort"
     options = InitOptions(task="sort", seed=0, eval_rows=32)
     options = replace(options, sft=replace(options.sft, steps=TEST_SFT_STEPS), sft_rows=4000)
-    init_model(out, options)
+    init_model(out, options, force=cached_manifest(out, options) is None)  # rebuilt when stale
     return out

@@ -84,7 +84,7 @@ def real_model(tmp_path_factory) -> Path:
     from pipeline.policy.tokenizer import train_char_tokenizer
 
     d = tmp_path_factory.mktemp("real-model")
-    train_char_tokenizer(["sort 123:"]).save_pretrained(d)
+    train_char_tokenizer(["sort 0123456789:"]).save_pretrained(d)
     (d / "config.json").write_text(CONFIG_JSON)
     (d / "model.safetensors").write_bytes(b"")
     return d
@@ -258,6 +258,10 @@ def test_a_model_directory_without_weights(capsys, tmp_path):
     (d / "config.json").write_text(CONFIG_JSON)
     (d / "tokenizer.json").write_text("{}")
     assert dry_run(capsys, "model.path=no-weights") == (
+        "model.path = no-weights has no weights (model.safetensors); point model.path at a "
+        "complete Hugging-Face model directory")
+    (d / "rhymectl_model.json").write_text('{"task": "sort", "seed": 0}')  # init-model built it
+    assert dry_run(capsys, "model.path=no-weights") == (
         "model.path = no-weights has no weights (model.safetensors); rebuild it with "
         "`rhymectl init-model --out no-weights --force` or point model.path elsewhere")
 
@@ -279,7 +283,7 @@ def test_a_model_path_that_is_a_file(capsys, tmp_path):
 def test_a_tokenizer_that_does_not_load(capsys, fake_model):
     message = dry_run(capsys, f"model.path={fake_model}")
     assert message.startswith(f"the tokenizer in {fake_model} does not load (")
-    assert message.endswith(f"); rebuild it with `rhymectl init-model --out {fake_model} --force`")
+    assert message.endswith("); point model.path at a complete Hugging-Face model directory")
 
 
 # -- preflight: data set and reward -----------------------------------------------------
@@ -366,91 +370,100 @@ def test_a_user_data_set_needs_a_reward(capsys, tmp_path, fake_model):
 
 
 @pytest.fixture
-def one_prompt(tmp_path) -> str:
-    # "sort 21:" is 8 characters; the char tokenizer adds BOS: 9 tokens.
-    return write_jsonl(tmp_path / "one.jsonl", [{"prompt": "sort 21:", "answer": "12"}])
+def prompts16(tmp_path) -> str:
+    """A data set of 16 distinct prompts: TINY's data.train_batch_size. "sort 21:" is 8
+    characters; the char tokenizer adds BOS: 9 tokens each."""
+    rows = [{"prompt": f"sort {n}:", "answer": "".join(sorted(str(n)))} for n in range(10, 26)]
+    return write_jsonl(tmp_path / "prompts16.jsonl", rows)
 
 
-def test_a_prompt_longer_than_max_prompt_length(capsys, real_model, one_prompt):
-    assert dry_run(capsys, f"model.path={real_model}", f"data.path={one_prompt}",
+def test_a_prompt_longer_than_max_prompt_length(capsys, real_model, prompts16):
+    assert dry_run(capsys, f"model.path={real_model}", f"data.path={prompts16}",
                    "data.max_prompt_length=8") == (
         "the longest prompt has 9 tokens, more than data.max_prompt_length = 8; raise it or "
         "filter the data set")
 
 
-def test_prompt_and_response_longer_than_the_context(capsys, real_model, one_prompt):
-    assert dry_run(capsys, f"model.path={real_model}", f"data.path={one_prompt}",
+def test_prompt_and_response_longer_than_the_context(capsys, real_model, prompts16):
+    assert dry_run(capsys, f"model.path={real_model}", f"data.path={prompts16}",
                    "rollout.max_tokens=225") == (
         "data.max_prompt_length + rollout.max_tokens = 257 exceeds the model's context of 256 "
         "tokens; lower rollout.max_tokens")
 
 
 def test_a_dry_run_that_passes_prints_the_config_and_the_checks(capsys, tmp_path, real_model,
-                                                                one_prompt):
+                                                                prompts16):
     before = sorted(p.name for p in tmp_path.iterdir())
-    code, out, err = cli(capsys, "train", TINY, f"model.path={real_model}", f"data.path={one_prompt}",
+    code, out, err = cli(capsys, "train", TINY, f"model.path={real_model}", f"data.path={prompts16}",
                          "rollout.max_tokens=224", "--dry-run")
     assert (code, err) == (0, "")
-    assert out.endswith("# checks passed: world_size=1, prompts=1, longest_prompt_tokens=9, "
+    assert out.endswith("# checks passed: world_size=1, prompts=16, longest_prompt_tokens=9, "
                         "model_context=256, reward=sort\n")
     printed = yaml.safe_load(out)
     assert printed["model"]["path"] == str(real_model)
-    assert printed["data"]["path"] == one_prompt and printed["rollout"]["max_tokens"] == 224
+    assert printed["data"]["path"] == prompts16 and printed["rollout"]["max_tokens"] == 224
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # a dry run writes nothing
 
 
-def test_a_dry_run_with_json_prints_one_object(capsys, real_model, one_prompt):
-    code, out, err = cli(capsys, "train", TINY, f"model.path={real_model}", f"data.path={one_prompt}",
+def test_a_dry_run_with_json_prints_one_object(capsys, real_model, prompts16):
+    code, out, err = cli(capsys, "train", TINY, f"model.path={real_model}", f"data.path={prompts16}",
                          "--dry-run", "--json", "--nproc", "2")
     assert (code, err) == (0, "")
     report = json.loads(out)
-    assert report["checks"] == {"world_size": 2, "prompts": 1, "longest_prompt_tokens": 9,
+    assert report["checks"] == {"world_size": 2, "prompts": 16, "longest_prompt_tokens": 9,
                                 "model_context": 256, "reward": "sort"}
     assert report["config"]["rollout"]["n"] == 8 and report["config"]["run"]["dir"] == "runs/tiny"
 
 
-def test_run_dir_option_sets_run_dir(capsys, real_model, one_prompt):
-    code, out, _ = cli(capsys, "train", TINY, f"model.path={real_model}", f"data.path={one_prompt}",
+def test_run_dir_option_sets_run_dir(capsys, real_model, prompts16):
+    code, out, _ = cli(capsys, "train", TINY, f"model.path={real_model}", f"data.path={prompts16}",
                        "--run-dir", "runs/exp-1", "--dry-run", "--json")
     assert code == 0 and json.loads(out)["config"]["run"]["dir"] == "runs/exp-1"
 
 
-def test_run_dir_option_takes_any_path(capsys, real_model, one_prompt):
-    code, out, err = cli(capsys, "train", TINY, f"model.path={real_model}", f"data.path={one_prompt}",
+def test_run_dir_option_takes_any_path(capsys, real_model, prompts16):
+    code, out, err = cli(capsys, "train", TINY, f"model.path={real_model}", f"data.path={prompts16}",
                          "--run-dir", "2024", "--dry-run", "--json")
     assert (code, err) == (0, "")
     assert json.loads(out)["config"]["run"]["dir"] == "2024"
 
 
-def test_the_printed_config_keeps_square_brackets(capsys, real_model, one_prompt):
-    code, out, _ = cli(capsys, "train", TINY, f"model.path={real_model}", f"data.path={one_prompt}",
+def test_the_printed_config_keeps_square_brackets(capsys, real_model, prompts16):
+    code, out, _ = cli(capsys, "train", TINY, f"model.path={real_model}", f"data.path={prompts16}",
                        "run.dir=runs/[v2]/x", "--dry-run")
     assert code == 0
     assert yaml.safe_load(out)["run"]["dir"] == "runs/[v2]/x"
 
 
 def test_a_run_dir_that_cannot_be_created_fails_the_dry_run(capsys, tmp_path, real_model,
-                                                          one_prompt):
+                                                          prompts16):
     (tmp_path / "notes.txt").write_text("mine")
     run_dir = tmp_path / "notes.txt" / "run"
-    assert dry_run(capsys, f"model.path={real_model}", f"data.path={one_prompt}",
+    assert dry_run(capsys, f"model.path={real_model}", f"data.path={prompts16}",
                    f"run.dir={run_dir}") == (
         f"run.dir = {run_dir} cannot be created: {tmp_path / 'notes.txt'} is a file; choose "
         f"another run.dir")
-    assert dry_run(capsys, f"model.path={real_model}", f"data.path={one_prompt}",
+    assert dry_run(capsys, f"model.path={real_model}", f"data.path={prompts16}",
                    f"run.dir={tmp_path / 'notes.txt'}") == (
         f"run.dir = {tmp_path / 'notes.txt'} is a file; choose a directory")
 
 
 def test_the_dry_run_says_what_the_run_would_about_an_existing_run(capsys, tmp_path, real_model,
-                                                                 one_prompt):
+                                                                 prompts16):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "run.json").write_text("{}")
-    assert dry_run(capsys, f"model.path={real_model}", f"data.path={one_prompt}",
+    assert dry_run(capsys, f"model.path={real_model}", f"data.path={prompts16}",
                    f"run.dir={run_dir}") == (
         f"run.dir = {run_dir} already holds a run; pass --resume to continue it or --force to "
         f"replace it")
+
+
+def test_a_batch_larger_than_the_data_set_fails_the_dry_run(capsys, real_model, prompts16):
+    assert dry_run(capsys, f"model.path={real_model}", f"data.path={prompts16}",
+                   "data.train_batch_size=32") == (
+        "the data set has 16 distinct prompts, fewer than data.train_batch_size = 32; lower it "
+        "or add data")
 
 
 # -- nothing written on bad input -------------------------------------------------------
@@ -469,6 +482,19 @@ def test_a_failing_run_without_dry_run_writes_nothing(capsys, tmp_path):
     assert fails(capsys, "train", TINY, f"run.dir={run_dir}", "model.path=models/none").startswith(
         "model.path = models/none does not exist")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_batch_larger_than_the_data_set_writes_nothing(capsys, tmp_path, real_model,
+                                                          prompts16):
+    """Found in use: the run wrote run.json and config.yaml, then refused the batch, and
+    the corrected command was refused as another run's config."""
+    run_dir = tmp_path / "run"
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert fails(capsys, "train", TINY, f"run.dir={run_dir}", f"model.path={real_model}",
+                 f"data.path={prompts16}", "data.train_batch_size=32") == (
+        "the data set has 16 distinct prompts, fewer than data.train_batch_size = 32; lower "
+        "it or add data")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
 # -- --debug and the mapping of failures to exit codes ----------------------------------
@@ -575,3 +601,33 @@ def test_python_dash_m_runs_the_same_cli(tmp_path):
                           text=True, timeout=60, cwd=tmp_path)
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == "error: No such command 'frobnicate'. (see `rhymectl --help`)\n"
+
+
+# -- init-model never replaces what it did not build -------------------------------------
+
+
+def test_init_model_refuses_a_folder_it_did_not_build(capsys, tmp_path):
+    """Found in use: it built the model, then removed --out whatever it held (`--out .`
+    would have removed the working directory)."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    for force in ([], ["--force"]):
+        assert fails(capsys, "init-model", "--out", str(mine), *force) == (
+            f"--out {mine} holds files that init-model did not write (no rhymectl_model.json); "
+            f"give a new or empty folder")
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    assert fails(capsys, "init-model", "--out", str(mine / "notes.txt")) == (
+        f"--out {mine / 'notes.txt'} is a file; give a folder for the model")
+    assert fails(capsys, "init-model", "--out", str(mine / "notes.txt" / "m")) == (
+        f"--out {mine / 'notes.txt' / 'm'} cannot be created: {mine / 'notes.txt'} is a file; "
+        f"give a folder for the model")
+
+
+def test_init_model_replaces_another_build_only_with_force(capsys, tmp_path):
+    built = tmp_path / "tiny"
+    built.mkdir()
+    (built / "rhymectl_model.json").write_text('{"fingerprint": "x", "task": "sort", "seed": 3}')
+    assert fails(capsys, "init-model", "--out", str(built)) == (
+        f"--out {built} holds a model built with other settings (task sort, seed 3); pass "
+        f"--force to replace it, or give another folder")

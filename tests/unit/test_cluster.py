@@ -274,7 +274,8 @@ def test_gsm8k_answers_without_a_number(capsys, tmp_path, model_dir):
     path.write_text(json.dumps({"question": "q?", "answer": "#### 3"}) + "\n"
                     + json.dumps({"question": "r?", "answer": "see above"}) + "\n")
     assert dry_run_error(capsys, tmp_path, f"model.path={model_dir}", f"data.path={path.name}",
-                         "data.prompt_key=question", "data.reward=gsm8k", "data.task=null") == (
+                         "data.prompt_key=question", "data.reward=gsm8k", "data.task=null",
+                         "data.train_batch_size=2", "train.ppo_mini_batch_size=2") == (
         "1 of 2 answers of 'words.jsonl' are not usable by the gsm8k reward (first at row 1: "
         "'see above'); it needs a number, or a solution ending in '#### <number>': check "
         "data.answer_key")
