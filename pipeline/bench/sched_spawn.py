@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -15,7 +16,8 @@ from pipeline.sched.simulator import SimResult
 def run_real(run_dir: Path, setup) -> tuple[dict, dict]:
     """({policy: SimResult-shaped result}, {"policies": {name: extra}, "cost_model": ..})."""
 
-    out = Path(run_dir) / "report" / ".bench-sched-real.json"
+    # this process's own file: two benches on one run directory never read each other's
+    out = Path(run_dir) / "report" / f".bench-sched-real-{os.getpid()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.unlink(missing_ok=True)
     args = [str(run_dir), str(out), ",".join(setup.policies), setup.spec,

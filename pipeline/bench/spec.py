@@ -128,7 +128,9 @@ def run_isolated(config_path: Path, overrides: list[str], plan: Plan, method: st
     state (and vLLM 0.32 cannot build an engine after its n-gram proposer loaded numba:
     its kernel dispatcher trips over llvmlite's library object in `sys.modules`).
     `advance()` runs here after each step the worker regenerated."""
-    result_path = plan.run_dir / "report" / f".bench-spec-{method.replace('+', '_')}.json"
+    # this process's own file: two benches on one run directory never read each other's
+    result_path = (plan.run_dir / "report"
+                   / f".bench-spec-{method.replace('+', '_')}-{os.getpid()}.json")
     result_path.parent.mkdir(parents=True, exist_ok=True)
     result_path.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "pipeline.bench.spec_worker", str(config_path), str(plan.run_dir),
