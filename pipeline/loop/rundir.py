@@ -55,9 +55,28 @@ def model_fingerprint(model_dir: str | Path) -> str:
     return h.hexdigest()[:16]
 
 
+def data_fingerprint(cfg: Config) -> str | None:
+    """A local `data.path`'s contents (a file's bytes; a folder's file names and sizes).
+    None for the built-in task, whose rows follow from the config, and for a hub name."""
+    if cfg.data.path is None:
+        return None
+    p = Path(cfg.data.path).expanduser()
+    h = hashlib.sha256()
+    if p.is_file():
+        with open(p, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    elif p.is_dir():
+        for f in sorted(x for x in p.rglob("*") if x.is_file()):
+            h.update(f"{f.relative_to(p)}:{f.stat().st_size}".encode())
+    else:
+        return None
+    return h.hexdigest()[:16]
+
+
 def identity(cfg: Config) -> dict:
     return {"config": config_fingerprint(cfg), "model": model_fingerprint(cfg.model.path),
-            "model_path": cfg.model.path}
+            "model_path": cfg.model.path, "data": data_fingerprint(cfg)}
 
 
 def check_writable(run_dir: str | Path) -> None:
@@ -95,12 +114,16 @@ def check_run_dir(cfg: Config, resume: bool, force: bool) -> None:
                          f"run.dir") from None
     if resume:
         new = identity(cfg)
-        for key, what in (("config", "config"), ("model", "model")):
+        fixes = {"config": f"use the run's own config ({d}/config.yaml)",
+                 "model": f"use the run's own config ({d}/config.yaml)",
+                 "data set": f"restore data.path = {cfg.data.path} as the run read it"}
+        for key, what in (("config", "config"), ("model", "model"), ("data", "data set")):
+            if key == "data" and key not in old:
+                continue  # written before session 12, which added the data's fingerprint
             if old.get(key) != new[key]:
                 raise UsageError(
                     f"--resume: {d} was written with another {what} (fingerprint {old.get(key)}, "
-                    f"this one {new[key]}); use the run's own config ({d}/config.yaml) or a "
-                    f"new run.dir")
+                    f"this one {new[key]}); {fixes[what]} or a new run.dir")
         return
     if not force:
         raise UsageError(f"run.dir = {d} already holds a run; pass --resume to continue it or "

@@ -144,3 +144,29 @@ def test_batches_are_a_pure_function_of_seed_and_step():
     assert [p.id for p in shard(src.batch(0), 1, 3)] == [src.batch(0)[1].id]
     with pytest.raises(UsageError, match="fewer than data.train_batch_size = 20"):
         PromptSource(rows, batch_size=20, seed=0)
+
+
+def test_resume_with_a_changed_data_file_is_refused(tmp_path, model_dir):
+    """Batches are a function of (seed, step) over the data set's prompts: a resume on an
+    edited data file would silently train on other prompts than the run's first steps."""
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"prompt": "sort 21:", "answer": "12"}\n')
+    cfg = cfg_for(tmp_path, model_dir, f"data.path={data}", "data.task=null")
+    d = rundir.start(cfg, resume=False, force=False)
+    rundir.check_run_dir(cfg, resume=True, force=False)  # unchanged
+    before = rundir.data_fingerprint(cfg)
+    data.write_text('{"prompt": "sort 31:", "answer": "13"}\n')
+    with pytest.raises(UsageError) as info:
+        rundir.check_run_dir(cfg, resume=True, force=False)
+    assert (f"written with another data set (fingerprint {before}, this one "
+            f"{rundir.data_fingerprint(cfg)}); restore data.path = {data} as the run read it or "
+            f"a new run.dir") in str(info.value)
+    # a run written before the data fingerprint existed still resumes
+    identity = json.loads((d / "run.json").read_text())
+    del identity["data"]
+    (d / "run.json").write_text(json.dumps(identity))
+    rundir.check_run_dir(cfg, resume=True, force=False)
+
+
+def test_the_built_in_task_has_no_data_fingerprint(tmp_path, model_dir):
+    assert rundir.data_fingerprint(cfg_for(tmp_path, model_dir)) is None
