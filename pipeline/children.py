@@ -43,16 +43,17 @@ def run(cmd: Sequence[str], *, on_line: Callable[[str], None] | None = None,
     if this process got SIGTERM, SIGHUP or SIGINT meanwhile."""
     received: list[int] = []
     proc: subprocess.Popen | None = None
-    killer: list[threading.Timer] = []
+    killer: threading.Timer | None = None
 
     def forward(signum, _frame):
+        nonlocal killer
         received.append(signum)
         if proc is not None and proc.poll() is None:
             proc.send_signal(signum)
-            if not killer:  # a child that ignores the signal is killed after grace_s
-                killer.append(threading.Timer(grace_s, _kill, (proc,)))
-                killer[0].daemon = True
-                killer[0].start()
+            if killer is None:  # a child that ignores the signal is killed after grace_s
+                killer = threading.Timer(grace_s, _kill, (proc,))
+                killer.daemon = True
+                killer.start()
 
     main = threading.current_thread() is threading.main_thread()
     previous = {s: signal.signal(s, forward) for s in FORWARDED} if main else {}
@@ -77,8 +78,8 @@ def run(cmd: Sequence[str], *, on_line: Callable[[str], None] | None = None,
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        for timer in killer:
-            timer.cancel()
+        if killer is not None:
+            killer.cancel()
     if received:
         raise Stopped(received[0])
     return code
@@ -98,9 +99,7 @@ def _stop(proc: subprocess.Popen, grace_s: float) -> None:
         try:
             proc.wait(timeout=grace_s)
             return
-        except subprocess.TimeoutExpired:
-            continue
-        except KeyboardInterrupt:
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
             continue
     proc.wait()
 

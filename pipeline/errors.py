@@ -32,3 +32,11 @@ def require_file(path, what: str, fix: str):
     state = ("is a directory" if path.is_dir() else "is not a regular file") if path.exists() \
         else "does not exist"
     raise UsageError(f"{what} {path} {state}; {fix}")
+
+
+def existing_part(path):
+    """`path` (a pathlib.Path) if it exists, else its nearest ancestor that does: where
+    creating it as a folder would start."""
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return path

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pipeline.atomic import write_json_atomic, write_text_atomic
 from pipeline.config import Config, to_dict, to_yaml
-from pipeline.errors import UsageError
+from pipeline.errors import UsageError, existing_part
 from pipeline.loop.lock import LOCK_FILE
 
 # Keys a resumed run may change without becoming a different run.
@@ -83,11 +83,9 @@ def check_writable(run_dir: str | Path) -> None:
     """UsageError unless run.dir is a directory this process can write, or can be created
     as one: its nearest existing ancestor must be a writable directory."""
     d = Path(run_dir)
-    if d.exists() and not d.is_dir():
+    probe = existing_part(d)
+    if probe == d and not d.is_dir():
         raise UsageError(f"run.dir = {d} is a file; choose a directory")
-    probe = d
-    while not probe.exists() and probe.parent != probe:
-        probe = probe.parent
     if not probe.is_dir():
         raise UsageError(f"run.dir = {d} cannot be created: {probe} is a file; choose another "
                          f"run.dir")
@@ -114,16 +112,16 @@ def check_run_dir(cfg: Config, resume: bool, force: bool) -> None:
                          f"run.dir") from None
     if resume:
         new = identity(cfg)
-        fixes = {"config": f"use the run's own config ({d}/config.yaml)",
-                 "model": f"use the run's own config ({d}/config.yaml)",
-                 "data set": f"restore data.path = {cfg.data.path} as the run read it"}
-        for key, what in (("config", "config"), ("model", "model"), ("data", "data set")):
+        own_config = f"use the run's own config ({d}/config.yaml)"
+        for key, what, fix in (("config", "config", own_config), ("model", "model", own_config),
+                               ("data", "data set",
+                                f"restore data.path = {cfg.data.path} as the run read it")):
             if key == "data" and key not in old:
                 continue  # written before session 12, which added the data's fingerprint
             if old.get(key) != new[key]:
                 raise UsageError(
                     f"--resume: {d} was written with another {what} (fingerprint {old.get(key)}, "
-                    f"this one {new[key]}); {fixes[what]} or a new run.dir")
+                    f"this one {new[key]}); {fix} or a new run.dir")
         return
     if not force:
         raise UsageError(f"run.dir = {d} already holds a run; pass --resume to continue it or "

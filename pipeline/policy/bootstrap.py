@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from pipeline.errors import UsageError
+from pipeline.errors import UsageError, existing_part
 from pipeline.policy.checks import MANIFEST, built_manifest
 from pipeline.policy.model import TinyArch, build_model, count_parameters
 from pipeline.policy.sft import SFTSettings, greedy_generate, run_sft
@@ -62,9 +62,7 @@ def check_target(out: Path, spec: InitOptions, force: bool) -> None:
     init-model built (with other settings: only with `force`). Checked before the build."""
     if not force and cached_manifest(out, spec):
         return  # a cache hit writes nothing
-    probe = out
-    while not probe.exists() and probe.parent != probe:
-        probe = probe.parent
+    probe = existing_part(out)
     if not probe.is_dir():
         where = "is a file" if probe == out else f"cannot be created: {probe} is a file"
         raise UsageError(f"--out {out} {where}; give a folder for the model")
