@@ -46,7 +46,14 @@ class DataConfig:
     train_size: int = positive(256)  # prompts generated for a built-in task
     eval_size: int = positive(128)
     train_batch_size: int = positive(16)  # prompts per RL step (veRL name)
-    max_prompt_length: int = positive(32)  # tokens
+    max_prompt_length: int = positive(32)  # tokens, after the chat template
+    # how a prompt becomes the policy's input: auto = the tokenizer's chat template when it
+    # has one (an Instruct model), else the raw text; none = the raw text; or the path of a
+    # Jinja template file. Applied once, where prompts are tokenized, for training and
+    # evaluation alike (pipeline.tasks.chat)
+    chat_template: str = field(default="auto", metadata=_check(
+        "auto, none or the path of a Jinja chat-template file", lambda v: bool(str(v).strip())))
+    system_prompt: Optional[str] = None  # a system message before every prompt (chat template)
     shuffle: bool = True
     seed: int = 0
 
@@ -154,6 +161,13 @@ class TrainConfig:
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
     kl_coef: float = non_negative(0.0)  # 0 = no reference policy
     kl_type: Literal["low_var_kl", "k1", "k2"] = "low_var_kl"
+    # dual-clip PPO (veRL's clip_ratio_c): for negative advantages the per-token loss is at
+    # most clip_ratio_c * |A|; null = off. veRL's default when on is 3.0; must be > 1
+    clip_ratio_c: Optional[float] = field(default=None, metadata=_check(
+        "null (off) or a number > 1", lambda v: v > 1))
+    # recompute activations in the backward pass (transformers' gradient checkpointing):
+    # activation memory of one layer instead of all of them, about a third more compute
+    gradient_checkpointing: bool = False
 
 
 @dataclass(frozen=True)
