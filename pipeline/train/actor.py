@@ -160,7 +160,8 @@ class Actor:
         new = self._logprobs(self.engine, b)
         loss, metrics = grpo.policy_loss(
             new, old, b.advantages, mask, t.clip_ratio_low, t.clip_ratio_high,
-            agg=t.loss_agg_mode, ref_logp=ref, kl_coef=t.kl_coef, kl_kind=t.kl_type)
+            agg=t.loss_agg_mode, ref_logp=ref, kl_coef=t.kl_coef, kl_kind=t.kl_type,
+            clip_ratio_c=t.clip_ratio_c)
         # The loss is a mean within this micro-batch; weight it so that the accumulated
         # gradient is the mean over the whole mini-batch (tokens or sequences).
         share = (int(mask.sum()) / max(1, mini_tokens)) if t.loss_agg_mode == "token-mean" else 1 / n_micro

@@ -198,16 +198,22 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str = "low_var_kl") -> Tens
 def policy_loss(logp_new: Tensor, logp_old: Tensor, advantages: Tensor, mask: Tensor,
                 clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
                 agg: str = "token-mean", ref_logp: Tensor | None = None,
-                kl_coef: float = 0.0, kl_kind: str = "low_var_kl") -> tuple[Tensor, dict]:
+                kl_coef: float = 0.0, kl_kind: str = "low_var_kl",
+                clip_ratio_c: float | None = None) -> tuple[Tensor, dict]:
     """PPO clipped surrogate with group advantages, plus an optional KL term.
 
     logp_new [N, L] (requires grad), logp_old [N, L], advantages [N] (one per sequence,
     broadcast over its tokens), mask [N, L]; ref_logp [N, L] when kl_coef > 0.
     Per token: r = exp(logp_new - logp_old), loss = -min(r*A, clip(r, 1-lo, 1+hi)*A);
-    reduced with `agg`. Total = pg_loss + kl_coef * agg(kl_penalty(logp_new, ref_logp)).
+    with dual-clip (clip_ratio_c = c > 1, as veRL) a token with A < 0 has
+    loss = min(that, -A*c), so a ratio far above 1 cannot blow up the loss.
+    Reduced with `agg`. Total = pg_loss + kl_coef * agg(kl_penalty(logp_new, ref_logp)).
     Returns (loss scalar, metrics of detached 0-dim tensors: pg_loss, clipfrac,
+    clipfrac_lower (tokens bounded by the dual clip; 0 when it is off),
     approx_kl (mean of logp_old - logp_new), ratio_mean, and kl when kl_coef > 0).
     """
+    if clip_ratio_c is not None and not clip_ratio_c > 1:
+        raise ValueError(f"clip_ratio_c must be > 1 (or None for off), got {clip_ratio_c}")
     mask = mask.bool()
     if logp_new.shape != mask.shape or logp_old.shape != mask.shape:
         raise ValueError(f"logp_new {tuple(logp_new.shape)}, logp_old {tuple(logp_old.shape)} "
@@ -218,11 +224,19 @@ def policy_loss(logp_new: Tensor, logp_old: Tensor, advantages: Tensor, mask: Te
     ratio = log_ratio.exp()
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1 - clip_ratio_low, 1 + clip_ratio_high)
-    pg_loss = aggregate(torch.maximum(unclipped, clipped), mask, agg)
+    per_token = torch.maximum(unclipped, clipped)
+    dual = torch.zeros_like(mask)
+    if clip_ratio_c is not None:
+        bound = -adv * clip_ratio_c
+        negative = adv < 0
+        dual = negative & (per_token > bound)
+        per_token = torch.where(negative, torch.minimum(per_token, bound), per_token)
+    pg_loss = aggregate(per_token, mask, agg)
     with torch.no_grad():
         metrics = {
             "pg_loss": pg_loss.detach(),
             "clipfrac": _token_mean(_clean((clipped > unclipped).float(), mask), mask),
+            "clipfrac_lower": _token_mean(_clean(dual.float(), mask), mask),
             "approx_kl": _token_mean(_clean(-log_ratio, mask), mask),
             "ratio_mean": _token_mean(_clean(ratio, mask), mask),
         }

@@ -120,6 +120,35 @@ def test_clip_is_pessimistic_only():
     assert m["clipfrac"].item() == 0.0
 
 
+def test_dual_clip_bounds_negative_advantage_tokens():
+    # clip 0.2/0.2, clip_ratio_c = 3; per-token loss = max(-A r, -A clip(r, 0.8, 1.2)),
+    # then for A < 0 at most -A * 3:
+    # seq 0, A=-1: r=4   -> max(4, 1.2) = 4 > 3 -> 3   (dual clip binds, no gradient)
+    #              r=2   -> max(2, 1.2) = 2            (inside, gradient -A r = 2)
+    #              r=0.5 -> max(0.5, 0.8) = 0.8        (PPO clip, no gradient)
+    # seq 1, A=+2: r=4   -> max(-8, -2.4) = -2.4       (A > 0: no dual clip)
+    #              r=9 is padding.
+    # token-mean: (3 + 2 + 0.8 - 2.4) / 4 = 0.85; without dual clip (4 + 2 + 0.8 - 2.4) / 4 = 1.1
+    new, old, adv = _loss_inputs([[4.0, 2.0, 0.5], [4.0, 9.0, 9.0]], [-1.0, 2.0])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    loss, m = grpo.policy_loss(new, old, adv, mask, 0.2, 0.2, clip_ratio_c=3.0)
+    assert loss.item() == pytest.approx(0.85)
+    loss.backward()
+    torch.testing.assert_close(new.grad, torch.tensor([[0.0, 2 / 4, 0.0], [0.0, 0.0, 0.0]],
+                                                      dtype=torch.float64))
+    assert m["clipfrac"].item() == pytest.approx(2 / 4)  # r=0.5 (A<0) and r=4 (A>0)
+    assert m["clipfrac_lower"].item() == pytest.approx(1 / 4)
+    # seq-mean-token-mean: ((3 + 2 + 0.8) / 3 + (-2.4)) / 2
+    seq, _ = grpo.policy_loss(new, old, adv, mask, 0.2, 0.2, "seq-mean-token-mean",
+                              clip_ratio_c=3.0)
+    assert seq.item() == pytest.approx((5.8 / 3 - 2.4) / 2)
+    off, m_off = grpo.policy_loss(new, old, adv, mask, 0.2, 0.2)
+    assert off.item() == pytest.approx(1.1)
+    assert m_off["clipfrac_lower"].item() == 0.0
+    with pytest.raises(ValueError, match="clip_ratio_c must be > 1"):
+        grpo.policy_loss(new, old, adv, mask, clip_ratio_c=1.0)
+
+
 def test_aggregation_modes_against_hand_numbers():
     # ratio 1, so each token's loss is -A. seq 0: A=1, 3 tokens; seq 1: A=-2, 1 token.
     new = torch.zeros(2, 3, requires_grad=True)
