@@ -18,7 +18,7 @@ except ImportError:  # pragma: no cover
 
 from pipeline import children
 from pipeline.errors import DEBUG_ENV, UsageError
-from rhymectl import output
+from rhymectl import __version__, output
 from rhymectl import (cmd_bench, cmd_doctor, cmd_index, cmd_init_model, cmd_profile, cmd_report,
                       cmd_train)
 
@@ -34,6 +34,19 @@ app = typer.Typer(
 for module in (cmd_init_model, cmd_train, cmd_report, cmd_profile, cmd_bench, cmd_index,
                cmd_doctor):
     module.register(app)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"rhymectl {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", callback=_print_version,
+                                          is_eager=True, help="Print the version and exit.")
+             ) -> None:
+    """Options before the command (the help text is the app's)."""
 
 
 def main(argv: list[str] | None = None) -> None:
