@@ -12,7 +12,7 @@ Two measured defaults, on this project's 2-core CPU machine with the tiny policy
   of a history+group rollout, 5 to 900 scheduled tokens. The cost is concave there (about
   0.1 ms per token below 128 tokens, 0.05 ms above 300), so a fit over small passes alone
   would price verification too high. The draft budget's default.
-- `SCHED_COST` (18 ms + 0.2 ms per token, issue 5): the scheduler's and the simulator's
+- `SCHED_COST` (18 ms + 0.2 ms per token, a 2-core CPU): the scheduler's and the simulator's
   default, measured on full-batch passes.
 
 `rhymectl bench spec` and `bench sched` fit the model to the passes they measure (`fit`).

@@ -5,7 +5,7 @@ every tier-2 setting (reserved share x sequences per reserved worker) run with t
 predictions of each knowledge level (`pipeline.sched.knowledge`): the history predictor's,
 the group's true mean and longest length (more than any per-prompt predictor can know),
 and every response's true length. Per level: makespan and the share of the oracle's gap
-to the ideal bound it closes (the issue-13 target is half), and seer's last 10 % of the
+to the ideal bound it closes (the target is half: docs/scheduling.md), and seer's last 10 % of the
 step (tail_s) over static's without speculation (target 0.3) with the moment 90 % of
 the requests had finished.
 

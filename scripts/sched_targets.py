@@ -1,4 +1,4 @@
-"""The issue-13 targets on production-shaped traces (`pipeline.sched.synth`), simulated.
+"""The scheduling targets (docs/scheduling.md) on production-shaped traces, simulated.
 
 For W in (256, 1024) and speculation none / history+group: every policy's makespan over
 the oracle's and over the ideal bound, tier 2 and tail batching against the oracle's gap

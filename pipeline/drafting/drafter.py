@@ -34,7 +34,7 @@ once per drafting sibling; and a sibling whose context, cap and trees (`SuffixTr
 are those of the prompt's last draft gets that draft without asking the trees: at T = 0 all
 siblings are in the same state, at any temperature their first tokens. Replaying the
 drafter calls of real runs (same drafts, call for call): 24 % less drafter time at T = 0,
-6-9 % at T = 0.6 and T = 1 (docs/speculation.md, "Session 8").
+6-9 % at T = 0.6 and T = 1 (docs/speculation.md, "Siblings share work").
 
 A running response enters its prompt's tree up to the end of its previous pass: the
 newest tokens are held back. GRPO siblings start together and advance in near lockstep,

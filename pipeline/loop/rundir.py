@@ -117,7 +117,7 @@ def check_run_dir(cfg: Config, resume: bool, force: bool) -> None:
                                ("data", "data set",
                                 f"restore data.path = {cfg.data.path} as the run read it")):
             if key == "data" and key not in old:
-                continue  # written before session 12, which added the data's fingerprint
+                continue  # a run.json from before the data's fingerprint was recorded
             if old.get(key) != new[key]:
                 raise UsageError(
                     f"--resume: {d} was written with another {what} (fingerprint {old.get(key)}, "

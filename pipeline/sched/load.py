@@ -35,9 +35,9 @@ from dataclasses import replace
 from pipeline.costs import SCHED_COST, CostModel
 
 
-# What `--spec` means to the simulator. The history+group numbers are placeholders until
-# `rhymectl bench spec` measures tau per batch size (issue 4): speculation in the thin tail
-# only, where a pass is nearly all fixed overhead.
+# What `--spec` means to the simulator. The history+group numbers are placeholders, not a
+# measurement of tau per batch size (`rhymectl bench spec` measures it): speculation in the
+# thin tail only, where a pass is nearly all fixed overhead.
 SPEC_COST_MODELS = {
     "none": SCHED_COST,
     "history+group": replace(SCHED_COST, tau=2.5, draft_tokens=4, spec_max_batch=32),

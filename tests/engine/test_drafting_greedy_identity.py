@@ -1,6 +1,6 @@
 """RhymeProposer inside a real vLLM engine on the tiny policy: vLLM accepts the custom
 proposer, greedy output is token-identical with and without speculation, and drafts from
-history are accepted. The temperature-1 statistical test is separate (issue 4)."""
+history are accepted. The temperature-1 statistical test is test_drafting_lossless.py."""
 
 from __future__ import annotations
 

