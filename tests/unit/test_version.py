@@ -46,3 +46,10 @@ def test_pyproject_reads_the_version_from_the_package():
     assert "version" in project["project"]["dynamic"]
     assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "rhymectl.__version__"}
 
+
+
+def test_the_newest_changelog_release_is_the_package_version():
+    releases = re.findall(r"^## \[(\d+\.\d+\.\d+)\] - \d{4}-\d{2}-\d{2}$",
+                          (ROOT / "CHANGELOG.md").read_text(), flags=re.MULTILINE)
+    assert releases, "CHANGELOG.md has no '## [X.Y.Z] - YYYY-MM-DD' section"
+    assert releases[0] == rhymectl.__version__
