@@ -17,6 +17,7 @@ from pipeline.loop.batches import PromptSource
 from pipeline.policy.checks import check_model_dir, fix_hint
 from pipeline.rollout.versions import check_vllm
 from pipeline.sched.placement import resolve_policy_name
+from pipeline.tasks.chat import PromptEncoder
 from pipeline.tasks.data import resolve_reward
 from pipeline.tasks.math_rewards import REWARDS
 from pipeline.tasks.prompts import train_rows
@@ -53,7 +54,7 @@ def preflight(cfg: Config, world_size: int, local_world: int | None = None) -> d
     if model_dir is not None:
         context = attempt(model_context, model_dir)
         if dataset is not None:
-            longest = attempt(longest_prompt_tokens, model_dir, dataset["prompt"])
+            longest = attempt(longest_prompt_tokens, model_dir, dataset["prompt"], cfg.data)
     if longest is not None and longest > cfg.data.max_prompt_length:
         problems.append(f"the longest prompt has {longest} tokens, more than "
                         f"data.max_prompt_length = {cfg.data.max_prompt_length}; raise it or "
@@ -127,7 +128,9 @@ def model_context(model_dir: Path) -> int | None:
     return config.get("max_position_embeddings")
 
 
-def longest_prompt_tokens(model_dir: Path, prompts) -> int:
+def longest_prompt_tokens(model_dir: Path, prompts, data) -> int:
+    """Tokens of the longest prompt as the policy will see it (after the chat template);
+    a chat template that cannot be read or rendered is refused here."""
     from transformers import AutoTokenizer
 
     try:
@@ -135,4 +138,7 @@ def longest_prompt_tokens(model_dir: Path, prompts) -> int:
     except Exception as exc:  # noqa: BLE001 — any loader failure is the directory's fault
         raise UsageError(f"the tokenizer in {model_dir} does not load ({type(exc).__name__}); "
                          f"{fix_hint(model_dir)}") from None
-    return max((len(ids) for ids in tok(list(prompts))["input_ids"]), default=0)
+    encoder = PromptEncoder.from_config(data, tok)
+    if encoder.format.template is None:  # one batched call (fast for large data sets)
+        return max((len(ids) for ids in tok(list(prompts))["input_ids"]), default=0)
+    return max((len(encoder.encode(p)) for p in prompts), default=0)

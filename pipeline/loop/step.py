@@ -23,7 +23,7 @@ class StepResult:
 
 
 def rl_step(ctx: Context, step: int) -> StepResult:
-    """ctx: engine, actor, tokenizer, data, config, ranks (`pipeline.loop.context`)."""
+    """ctx: engine, actor, prompt encoder, data, config, ranks (`pipeline.loop.context`)."""
     cfg, phases = ctx.cfg, PhaseTimer()
     version = ctx.policy_version
     scheduler = ctx.scheduler  # None: each rank generates its own share (static split)
@@ -31,24 +31,23 @@ def rl_step(ctx: Context, step: int) -> StepResult:
     epoch = max(x.epoch for x in launched) if launched else ctx.prompts.epoch_of(step)
     params = sampling(cfg, step)
 
-    with phases("rollout"):
-        ctx.engine.wake()
+    with phases("rollout"):  # the engine is awake, holding the policy of `version`
         if launched:
             group = tail_rollout(ctx, params, launched)
         elif scheduler is None:
             group = static_rollout(ctx, step, params)
         else:
             group = scheduler.generate(ctx, step, params)
-        ctx.engine.sleep()
+        ctx.engine.sleep()  # its weights and KV cache go; the trainer gets the memory
     fault("after_rollout")
     busy_s = scheduler.busy_seconds(ctx.rank) if scheduler else phases.seconds["rollout"]
     with phases("reward"):
         rollouts.score(group, ctx.reward_fn)
     with phases("train"):
-        batch = rollouts.to_batch(group, ctx.tokenizer.pad_token_id, cfg.train.adv_estimator)
+        batch = rollouts.to_batch(group, ctx.encoder.pad_id, cfg.train.adv_estimator)
         train_metrics = ctx.actor.update(batch)
     fault("after_train")
-    with phases("sync"):
+    with phases("sync"):  # wakes the engine with the new policy (pipeline.rollout.residency)
         ctx.engine.update_weights(ctx.actor.named_weights(), version + 1)
         ctx.policy_version = version + 1
     fault("after_sync")
@@ -81,7 +80,7 @@ def tail_rollout(ctx, params: Sampling, launched: list) -> list:
     them, as many as its share of data.train_batch_size."""
     mine = shard(launched, ctx.rank, ctx.world_size)
     keep = ctx.tail.keep // ctx.world_size
-    return rollouts.generate(ctx.engine, ctx.tokenizer, [x.prompt for x in mine],
+    return rollouts.generate(ctx.engine, ctx.encoder, [x.prompt for x in mine],
                              params, keep, ctx.tail.pinned(mine))
 
 
@@ -103,7 +102,7 @@ def static_rollout(ctx, step: int, params: Sampling) -> list:
     which is the share it would have had with T = 1 (see `pipeline.loop.tp_groups`)."""
     tp = ctx.tp or TPLayout(ctx.world_size)
     share = shard(ctx.prompts.batch(step), tp.group_of(ctx.rank), tp.groups)
-    out = rollouts.generate(ctx.engine, ctx.tokenizer, share, params)
+    out = rollouts.generate(ctx.engine, ctx.encoder, share, params)
     if tp.tp == 1:
         return out
     mine = {id(p) for p in shard(share, tp.tp_rank(ctx.rank), tp.tp)}

@@ -46,11 +46,13 @@ class Sampling:
 
 
 class RolloutBackend(Protocol):
-    """generate / stream / update_weights / sleep-wake / metrics.
+    """generate / stream / update_weights / sleep / metrics.
 
     Token ids in and out; `generate` returns one list of `n` completions per prompt. The
     stream (`open_stream` ... `close_stream`) takes requests one by one, for a runtime that
-    places them over ranks. `update_weights` loads the policy of `version` in place.
+    places them over ranks. Generation needs the engine awake. `sleep` gives its memory to
+    the trainer and discards its weights; `update_weights` loads the policy of `version`
+    and wakes it (also valid when awake).
     """
 
     drafting: Any  # the speculative drafter (`speculation.Drafting`), None without one
@@ -76,8 +78,6 @@ class RolloutBackend(Protocol):
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None: ...
 
     def sleep(self) -> None: ...
-
-    def wake(self) -> None: ...
 
     def spec_metrics(self) -> dict[str, float]: ...
 

@@ -17,9 +17,10 @@ import torch
 
 from pipeline.config.methods import method
 from pipeline.config.schema import Config, ModelConfig, RolloutConfig, SpecConfig
-from pipeline.rollout import speculation, versions
+from pipeline.rollout import runner_contract, speculation, versions
 from pipeline.rollout.contract import Completion, Sampling
 from pipeline.rollout.meter import PassCounts, PassMeter
+from pipeline.rollout.residency import Residency
 
 
 def check_version(allow_untested: bool) -> None:
@@ -40,6 +41,10 @@ _VERSION_CHECKED = False
 
 def _prepare_environment(rollout: RolloutConfig) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # The meter, the proposer and the weight sync need the V1 model runner; vLLM would pick
+    # Model Runner V2 on a GPU with Triton (pipeline.rollout.runner_contract). Set before
+    # vLLM reads its environment, and not overridable: V2 cannot run this adapter.
+    os.environ[runner_contract.RUNNER_ENV] = "0"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(rollout.kv_cache_gib))))
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # rhymectl reports what matters
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -64,6 +69,7 @@ class RolloutEngine:
         from vllm import LLM
 
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        sleep_mode = sleep_mode_available()
         kwargs = dict(
             model=model.path,
             tokenizer=model.path,
@@ -76,11 +82,18 @@ class RolloutEngine:
             tensor_parallel_size=rollout.tensor_parallel_size,
             trust_remote_code=model.trust_remote_code,
             disable_log_stats=False,  # per-request timestamps for the history store
+            enable_sleep_mode=sleep_mode,  # free the GPU for the trainer between rollouts
         )
         if distributed:
             kwargs["distributed_executor_backend"] = "external_launcher"
         kwargs.update(speculation.llm_kwargs(spec))
-        self.llm = LLM(**kwargs)
+        self._bind(LLM(**kwargs), spec, sleep_mode)
+
+    def _bind(self, llm, spec: SpecConfig | None, sleep_mode: bool) -> None:
+        """Wrap a built `vllm.LLM`: check its runner, meter its passes, attach the drafter."""
+        self.llm = llm
+        runner_contract.check(self.model_runner(), versions.installed_vllm().installed or "?")
+        self.residency = Residency(llm, sleep_mode)
         self.loaded_version = 0
         self.drafting = None
         if spec is not None and method(spec.method).drafter:
@@ -103,6 +116,7 @@ class RolloutEngine:
         """
         from vllm.inputs import TokensPrompt
 
+        self.residency.require_awake("generate")
         requests, params = [], []
         for p_idx, ids in enumerate(prompts):
             for k in range(sampling.n):
@@ -170,6 +184,7 @@ class RolloutEngine:
     def open_stream(self, prompts: Sequence[list[int]], n: int) -> None:
         """Start a rollout whose requests arrive through `submit` (the groups' prompts are
         announced to the drafter, as `generate` does)."""
+        self.residency.require_awake("generate")
         self._stream_started = self._begin(prompts, n)
         self._stream_keys: dict[str, str] = {}
         self._stream_output = [0, 0]
@@ -227,7 +242,11 @@ class RolloutEngine:
 
     # -- weights ------------------------------------------------------------------------
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Load Hugging-Face-named tensors in place, then drop cached prefixes of old weights.
+        """Load the policy of `version` (Hugging-Face-named tensors, streamed) and wake up.
+
+        vLLM's sleep-mode order (`pipeline.rollout.residency`): wake the weights, load them,
+        free the trainer's cached blocks, wake the KV cache, drop cached prefixes of the old
+        weights. Also valid on an awake engine (a resume, a bench).
 
         vLLM's layer-wise reload restores a layer's old tensors when nothing was loaded into
         it. A tied `lm_head` is such a layer (the checkpoint has no lm_head.weight), and since
@@ -236,9 +255,21 @@ class RolloutEngine:
         norms) are therefore copied again after the reload; fused ones (qkv, gate_up) are not
         affected.
         """
+        self.residency.wake(["weights"])
+        self._load(named_tensors)
+        self.residency.loaded()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # the gathered tensors and the trainer's cached blocks
+        self.residency.wake(["kv_cache"])
+        self.llm.reset_prefix_cache()
+        self.loaded_version = version
+
+    def _load(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.residency.require_weights("load weights")
         runner = self.model_runner()
-        direct = {n: p.shape for n, p in runner.get_model().named_parameters()}
-        stash: dict[str, torch.Tensor] = {}
+        tied = getattr(runner.get_model().config, "tie_word_embeddings", False)
+        direct = {n: p.shape for n, p in runner.get_model().named_parameters()} if tied else {}
+        stash: dict[str, torch.Tensor] = {}  # tied models only: the re-copy below
 
         def fits(name: str, tensor: torch.Tensor) -> bool:
             # vLLM pads vocabulary rows (to a multiple of 64): compare the other dims.
@@ -253,18 +284,18 @@ class RolloutEngine:
                 yield name, tensor
 
         runner.reload_weights(weights_iterator=tee())
+        if not tied:
+            return
         model = runner.get_model()
         params = dict(model.named_parameters())
         with torch.no_grad():
             for name, tensor in stash.items():
                 params[name].data[: tensor.shape[0]].copy_(tensor.to(params[name].dtype))
         lm_head = getattr(model, "lm_head", None)
-        if lm_head is not None and getattr(model.config, "tie_word_embeddings", False):
+        if lm_head is not None:
             # On CPU the lm_head GEMM runs on a packed copy made after loading: re-make it
             # from the (shared, now updated) embedding.
             lm_head.quant_method.process_weights_after_loading(lm_head)
-        self.llm.reset_prefix_cache()
-        self.loaded_version = version
 
     def warm_suffix_cache(self, pairs) -> int:
         """Feed (prompt ids, response ids) pairs to vLLM's `suffix` cache (see speculation)."""
@@ -275,13 +306,15 @@ class RolloutEngine:
 
     # -- memory -------------------------------------------------------------------------
     def sleep(self) -> None:
-        """Free accelerator memory for the trainer (a no-op on CPU)."""
-        if torch.cuda.is_available():
-            self.llm.sleep(level=1)
+        """Give the accelerator memory to the trainer: vLLM's level-2 sleep (weights and KV
+        cache discarded; `update_weights` wakes the engine with the next policy). The state
+        is kept on CPU too, where vLLM has no sleep mode, so a wrong order fails there."""
+        self.residency.sleep()
 
-    def wake(self) -> None:
-        if torch.cuda.is_available():
-            self.llm.wake_up()
+
+def sleep_mode_available() -> bool:
+    """vLLM's sleep mode needs CUDA's virtual memory allocator; vllm-cpu refuses it."""
+    return torch.cuda.is_available()
 
 
 def _request_seed(sampling: Sampling, p_idx: int, k: int) -> int | None:
