@@ -40,6 +40,7 @@ from pipeline.errors import RuntimeFailure, UsageError
 from pipeline.history.store import HistoryStore, prompt_hash
 from pipeline.loop.step import sampling
 from pipeline.rollout.engine import RolloutEngine
+from pipeline.tasks.chat import PromptEncoder
 from pipeline.tasks.prompts import distinct, eval_prompts, train_rows
 
 PER_METHOD_KEYS = ("tau", "accept_rate", "passes", "scheduled_tokens", "rollout_s", "tok_per_s",
@@ -100,7 +101,7 @@ class MethodResult:
         self.drafter_parts = so_far.plus(times).as_dict(6)
 
 
-def build_work(plan: Plan, tokenizer) -> list[EpochWork]:
+def build_work(plan: Plan, encoder: PromptEncoder) -> list[EpochWork]:
     """Epoch 1 .. E-1 of the plan's run: prompts per step and the history before each."""
 
     store = HistoryStore(plan.run_dir, readonly=True)
@@ -111,7 +112,7 @@ def build_work(plan: Plan, tokenizer) -> list[EpochWork]:
         steps = []
         for s in range(e * plan.steps_per_epoch, (e + 1) * plan.steps_per_epoch):
             order = list(dict.fromkeys(r.prompt_id for r in records if r.step == s))
-            steps.append(StepWork(s, [tokenizer(text[pid])["input_ids"] for pid in order]))
+            steps.append(StepWork(s, encoder.encode_many([text[pid] for pid in order])))
         earlier = [r for r in records if r.epoch == e - 1] if e > 1 else \
             [r for r in records if r.epoch < e]
         work.append(EpochWork(e, plan.checkpoint(e), steps, earlier))
@@ -151,14 +152,14 @@ def run_isolated(config_path: Path, overrides: list[str], plan: Plan, method: st
     return MethodResult(**data)
 
 
-def warmup_prompts(plan: Plan, tokenizer) -> list[list[int]]:
+def warmup_prompts(plan: Plan, encoder: PromptEncoder) -> list[list[int]]:
     """One step's worth of held-out prompts (never trained on, never measured): each engine
     generates them before measuring (with and without logprobs, as training's steps ask),
     so no method pays the CPU kernels' first-shape costs or the first logprob request's
     compilation inside its measurement. Empty for a user data set without data.eval_path."""
 
     held_out = eval_prompts(plan.cfg.data, set())[: plan.cfg.data.train_batch_size]
-    return [tokenizer(p.text)["input_ids"] for p in held_out]
+    return encoder.encode_many([p.text for p in held_out])
 
 
 def run_method(plan: Plan, method: str, work: list[EpochWork], advance,

@@ -16,6 +16,7 @@ from pipeline.atomic import write_json_atomic
 from pipeline.bench.spec import PROGRESS_LINE, build_work, run_method, warmup_prompts
 from pipeline.bench.spec_plan import make_plan
 from pipeline.config import load_config
+from pipeline.tasks.chat import PromptEncoder
 
 
 def main(argv: list[str]) -> None:
@@ -29,9 +30,10 @@ def main(argv: list[str]) -> None:
 
     config, run_dir, epochs, method, result_path, *overrides = argv
     plan = make_plan(load_config(Path(config), overrides), int(epochs), Path(run_dir))
-    tokenizer = AutoTokenizer.from_pretrained(plan.cfg.model.path)
-    work = build_work(plan, tokenizer)
-    result = run_method(plan, method, work, advance, warmup_prompts(plan, tokenizer))
+    encoder = PromptEncoder.from_config(plan.cfg.data,
+                                        AutoTokenizer.from_pretrained(plan.cfg.model.path))
+    work = build_work(plan, encoder)
+    result = run_method(plan, method, work, advance, warmup_prompts(plan, encoder))
     write_json_atomic(result_path, dataclasses.asdict(result))
 
 

@@ -51,8 +51,7 @@ class DataConfig:
     # has one (an Instruct model), else the raw text; none = the raw text; or the path of a
     # Jinja template file. Applied once, where prompts are tokenized, for training and
     # evaluation alike (pipeline.tasks.chat)
-    chat_template: str = field(default="auto", metadata=_check(
-        "auto, none or the path of a Jinja chat-template file", lambda v: bool(str(v).strip())))
+    chat_template: str = "auto"
     system_prompt: Optional[str] = None  # a system message before every prompt (chat template)
     shuffle: bool = True
     seed: int = 0

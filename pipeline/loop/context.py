@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pipeline.config import Config
 from pipeline.history.store import HistoryStore
@@ -16,11 +15,9 @@ from pipeline.loop.tail_queue import TailQueue
 from pipeline.loop.tp_groups import TPLayout
 from pipeline.rollout.contract import RolloutBackend
 from pipeline.tasks.base import RewardFn
+from pipeline.tasks.chat import PromptEncoder
 from pipeline.tasks.prompts import Prompt
 from pipeline.train.actor import Actor
-
-if TYPE_CHECKING:  # transformers is imported when a run starts, not with this module
-    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass
@@ -32,7 +29,7 @@ class Context:
     world_size: int
     engine: RolloutBackend
     actor: Actor
-    tokenizer: PreTrainedTokenizerBase
+    encoder: PromptEncoder  # prompt text -> input ids (chat template), response ids -> text
     prompts: PromptSource
     reward_fn: RewardFn
     run_dir: Path

@@ -9,6 +9,7 @@ import torch
 
 from pipeline.history.store import RolloutRecord, prompt_hash
 from pipeline.rollout.contract import Completion, RolloutBackend, Sampling
+from pipeline.tasks.chat import PromptEncoder
 from pipeline.tasks.prompts import Prompt
 from pipeline.train import grpo
 from pipeline.train.actor import Batch
@@ -30,11 +31,12 @@ class Rollout:
         return len(self.completion.token_ids)
 
 
-def generate(engine: RolloutBackend, tokenizer, prompts: Sequence[Prompt], sampling: Sampling,
-             keep: int | None = None, pinned: Sequence[bool] = ()) -> list[Rollout]:
+def generate(engine: RolloutBackend, encoder: PromptEncoder, prompts: Sequence[Prompt],
+             sampling: Sampling, keep: int | None = None,
+             pinned: Sequence[bool] = ()) -> list[Rollout]:
     """`sampling.n` responses per prompt, flattened group by group. With `keep` (tail
     batching), only the first `keep` groups to complete (the pinned ones among them)."""
-    prompt_ids = [tokenizer(p.text)["input_ids"] for p in prompts]
+    prompt_ids = encoder.encode_many([p.text for p in prompts])
     if keep is None:
         groups = engine.generate(prompt_ids, sampling)
     else:
@@ -42,7 +44,7 @@ def generate(engine: RolloutBackend, tokenizer, prompts: Sequence[Prompt], sampl
     out = []
     for prompt, ids, group in zip(prompts, prompt_ids, groups):
         for k, completion in enumerate(group or ()):
-            text = tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+            text = encoder.decode(completion.token_ids)
             out.append(Rollout(prompt, ids, k, completion, text))
     return out
 

@@ -47,7 +47,9 @@ def model_fingerprint(model_dir: str | Path) -> str:
     """Config and tokenizer contents plus weight file names and sizes (cheap for 7B too)."""
     d = Path(model_dir)
     h = hashlib.sha256()
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+    # the chat template of data.chat_template: auto lives in tokenizer_config.json or, as
+    # transformers 5 writes it, chat_template.jinja
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         if (d / name).is_file():
             h.update(name.encode() + (d / name).read_bytes())
     for f in sorted(d.glob("*.safetensors")) + sorted(d.glob("*.bin")):
@@ -74,9 +76,20 @@ def data_fingerprint(cfg: Config) -> str | None:
     return h.hexdigest()[:16]
 
 
+def template_fingerprint(cfg: Config) -> str | None:
+    """The contents of a `data.chat_template` file; None for auto and none (the config
+    fingerprint has the setting, the model fingerprint the tokenizer's own template)."""
+    choice = cfg.data.chat_template.strip()
+    p = Path(choice).expanduser()
+    if choice in ("auto", "none") or not p.is_file():
+        return None
+    return hashlib.sha256(p.read_bytes()).hexdigest()[:16]
+
+
 def identity(cfg: Config) -> dict:
     return {"config": config_fingerprint(cfg), "model": model_fingerprint(cfg.model.path),
-            "model_path": cfg.model.path, "data": data_fingerprint(cfg)}
+            "model_path": cfg.model.path, "data": data_fingerprint(cfg),
+            "chat_template": template_fingerprint(cfg)}
 
 
 def check_writable(run_dir: str | Path) -> None:
@@ -115,9 +128,11 @@ def check_run_dir(cfg: Config, resume: bool, force: bool) -> None:
         own_config = f"use the run's own config ({d}/config.yaml)"
         for key, what, fix in (("config", "config", own_config), ("model", "model", own_config),
                                ("data", "data set",
-                                f"restore data.path = {cfg.data.path} as the run read it")):
-            if key == "data" and key not in old:
-                continue  # a run.json from before the data's fingerprint was recorded
+                                f"restore data.path = {cfg.data.path} as the run read it"),
+                               ("chat_template", "chat template",
+                                f"restore {cfg.data.chat_template} as the run read it")):
+            if key in ("data", "chat_template") and key not in old:
+                continue  # a run.json from before this fingerprint was recorded
             if old.get(key) != new[key]:
                 raise UsageError(
                     f"--resume: {d} was written with another {what} (fingerprint {old.get(key)}, "

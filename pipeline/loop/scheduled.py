@@ -83,7 +83,7 @@ class ScheduledRollout:
         The placement is parameterised as the benches do it (`sched.placement.step_params`),
         so they measure the policy that training runs."""
         batch = ctx.prompts.batch(step)
-        prompt_ids = [ctx.tokenizer(p.text)["input_ids"] for p in batch]
+        prompt_ids = ctx.encoder.encode_many([p.text for p in batch])
         predictor = LengthPredictor({k: dict(v) for k, v in self.lengths.items()},
                                     default=sampling.max_tokens / 2)
         groups = [GroupWork(p.id, sampling.n, min(predictor.predict(p.id), sampling.max_tokens),
@@ -101,7 +101,7 @@ class ScheduledRollout:
         out = []
         for g in mine:
             for k, completion in enumerate(self.last.groups[g]):
-                text = ctx.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+                text = ctx.encoder.decode(completion.token_ids)
                 out.append(rollouts.Rollout(batch[g], prompt_ids[g], k, completion, text))
         return out
 

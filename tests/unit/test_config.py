@@ -194,6 +194,7 @@ RULES = {
     "train.clip_ratio_low": ("1.2", "1.2", FRACTION),
     "train.clip_ratio_high": ("0", "0.0", FRACTION),
     "train.kl_coef": ("-0.001", "-0.001", NON_NEGATIVE),
+    "train.clip_ratio_c": ("1", "1.0", "null (off) or a number > 1"),
     "deepspeed.zero_stage": ("4", "4", "0, 1, 2 or 3"),
     "run.checkpoint_every": ("0", "0", POSITIVE),
     "run.keep_checkpoints": ("0", "0", POSITIVE),
@@ -268,10 +269,11 @@ def test_a_wrong_type_names_the_key_the_value_and_the_type(override, problem):
 def test_an_unknown_key_gets_a_did_you_mean():
     assert problems_of(["rollout.nn=4"]) == [
         "unknown key rollout.nn in rollout; did you mean rollout.n?"]
-    assert problems_of(["train.learning_rat=1"]) == [
-        "unknown key train.learning_rat in train; valid keys: total_steps, lr, weight_decay, "
+    assert problems_of(["train.warmup=1"]) == [
+        "unknown key train.warmup in train; valid keys: total_steps, lr, weight_decay, "
         "grad_clip, ppo_mini_batch_size, ppo_micro_batch_size, ppo_epochs, clip_ratio_low, "
-        "clip_ratio_high, adv_estimator, loss_agg_mode, kl_coef, kl_type"]
+        "clip_ratio_high, adv_estimator, loss_agg_mode, kl_coef, kl_type, clip_ratio_c, "
+        "gradient_checkpointing"]
     assert problems_of(["spec.methd=ngram"]) == [
         "unknown key spec.methd in spec; did you mean spec.method?"]
 

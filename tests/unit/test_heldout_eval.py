@@ -12,6 +12,7 @@ import pytest
 
 from pipeline.config import load_config
 from pipeline.loop import evaluate as ev
+from pipeline.tasks.chat import PromptEncoder, PromptFormat
 from pipeline.tasks.prompts import Prompt
 from pipeline.rollout.contract import Completion
 
@@ -55,7 +56,8 @@ def reward(prompt: str, response: str, answer: str) -> float:
 def context(engine, k: int, temperature: float = 0.7):
     cfg = load_config(REPO_CONFIG, [f"run.eval_n={k}", f"rollout.temperature={temperature}"])
     return SimpleNamespace(cfg=cfg, rank=0, world_size=1, tp=None, engine=engine,
-                           tokenizer=CharTokenizer(), reward_fn=reward)
+                           encoder=PromptEncoder(CharTokenizer(), PromptFormat(None, None, "none")),
+                           reward_fn=reward)
 
 
 @pytest.fixture(autouse=True)
