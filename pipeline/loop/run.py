@@ -32,6 +32,7 @@ from pipeline.loop.tail_queue import TailQueue
 from pipeline.loop.loggers import Loggers
 from pipeline.loop.tp_groups import TPLayout
 from pipeline.rollout.engine import RolloutEngine
+from pipeline.tasks.chat import PromptEncoder
 from pipeline.tasks.data import resolve_reward
 from pipeline.tasks.prompts import eval_prompts, train_rows
 from pipeline.train import checkpoint
@@ -102,16 +103,16 @@ def setup(cfg: Config, rank: int, world: int, resume: bool, force: bool,
         torch.set_num_threads(cfg.run.threads)
     run_dir = Path(cfg.run.dir)
     # what the input can refuse, before the run directory is written
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    encoder = PromptEncoder.from_config(cfg.data, AutoTokenizer.from_pretrained(cfg.model.path))
     prompts = PromptSource(list(train_rows(cfg.data)), cfg.data.train_batch_size, cfg.data.seed,
                            cfg.data.shuffle)
     reward_fn = resolve_reward(cfg.data.reward or cfg.data.task, cfg.data.partial_credit)
     if rank == 0:
         rundir.start(cfg, resume, force)
     dist.barrier()
-    actor = Actor(cfg, world)
+    actor = Actor.build(cfg, world)
     engine = RolloutEngine.from_config(cfg)
-    ctx = Context(cfg, rank, world, engine, actor, tokenizer, prompts, reward_fn, run_dir)
+    ctx = Context(cfg, rank, world, engine, actor, encoder, prompts, reward_fn, run_dir)
     ctx.tp = TPLayout(world, cfg.rollout.tensor_parallel_size)
     ctx.scheduler = ScheduledRollout.maybe(cfg, ctx.tp, run_dir)
     tail = cfg.sched.tail_batching

@@ -5,24 +5,36 @@ One `Actor` per rank. A GRPO update is `update(batch)`: old log-probs are recomp
 the current weights (so the first mini-batch is exactly on-policy, ratio 1), then one
 optimiser step per PPO mini-batch, each accumulated over micro-batches. DeepSpeed averages
 gradients over ranks and owns ZeRO partitioning, clipping and the optimiser state.
+
+Devices: the rollouts arrive on the host; `update` moves the batch to the engine's device
+once (`Batch.to`), and both the policy and the reference model run there: the reference
+model is wrapped by DeepSpeed like the policy (ZeRO-3: partitioned; otherwise a full copy
+per device, stage 0), as TRL's `prepare_deepspeed` does. Lengths stay on the host (they
+size slices and masks); scalar metrics come back to the host once per update, not once per
+micro-step.
 """
 
 from __future__ import annotations
 
+import inspect
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 
 from pipeline.config.schema import Config
-from pipeline.train import grpo
+from pipeline.train import export, grpo
+from pipeline.train.logprobs import shifted_logprobs
 
 
 @dataclass
 class Batch:
-    """One rank's rollouts, right-padded. input_ids [N, T] = prompt + response + padding."""
+    """One rank's rollouts, right-padded. input_ids [N, T] = prompt + response + padding.
+
+    `prompt_lens` and `total_lens` always stay on the host; the other tensors move with
+    `to(device)`."""
 
     input_ids: torch.Tensor
     prompt_lens: torch.Tensor  # [N]
@@ -33,6 +45,11 @@ class Batch:
     @property
     def size(self) -> int:
         return self.input_ids.shape[0]
+
+    def to(self, device: torch.device) -> "Batch":
+        lp = None if self.sampler_logprobs is None else self.sampler_logprobs.to(device)
+        return Batch(self.input_ids.to(device), self.prompt_lens, self.total_lens,
+                     self.advantages.to(device), lp)
 
     def rows(self, index: slice) -> "Batch":
         width = int(self.total_lens[index].max())
@@ -75,40 +92,81 @@ def deepspeed_config(cfg: Config, world_size: int) -> dict:
     }
 
 
+def reference_config(ds_config: dict) -> dict:
+    """The DeepSpeed config of the frozen reference model (TRL's `prepare_deepspeed`): no
+    optimiser; ZeRO-3 keeps it partitioned like the policy, any other stage becomes stage 0
+    (a full copy on every device: nothing to shard without optimiser state)."""
+    config = {k: v for k, v in ds_config.items() if k != "optimizer"}
+    if config["zero_optimization"]["stage"] != 3:
+        config["zero_optimization"] = {"stage": 0}
+    return config
+
+
 class Actor:
-    def __init__(self, cfg: Config, world_size: int):
+    """The policy's DeepSpeed engine (and the reference model's, when `train.kl_coef` > 0).
+
+    Built by `Actor.build`; the constructor takes the engines, so the update can be driven
+    with any engine that offers DeepSpeed's surface (`module`, `device`, `backward`,
+    `step`, `train`)."""
+
+    def __init__(self, cfg: Config, engine: Any, ds_config: dict, ref: Any = None):
+        self.cfg = cfg
+        self.engine = engine
+        self.ds_config = ds_config
+        self.ref = ref
+        self.device = torch.device(engine.device)
+        self.micro = ds_config["train_micro_batch_size_per_gpu"]
+        self.temperature = cfg.rollout.temperature or 1.0
+
+    @classmethod
+    def build(cls, cfg: Config, world_size: int) -> "Actor":
         import deepspeed
         from transformers import AutoModelForCausalLM
 
         _logs_to_stderr(deepspeed)
-        self.cfg = cfg
         dtype = torch.bfloat16 if cfg.deepspeed.bf16 else torch.float32
         model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype)
         model.config.use_cache = False
-        self.ds_config = deepspeed_config(cfg, world_size)
-        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                               config=self.ds_config)
-        self.micro = self.ds_config["train_micro_batch_size_per_gpu"]
-        self.ref = self._reference(cfg, dtype) if cfg.train.kl_coef > 0 else None
-        self.temperature = cfg.rollout.temperature or 1.0
-
-    @staticmethod
-    def _reference(cfg: Config, dtype):
-        from transformers import AutoModelForCausalLM
-
-        ref = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype)
-        ref.eval().requires_grad_(False)
-        return ref
+        if cfg.train.gradient_checkpointing:
+            # non-reentrant: the variant that works with ZeRO-3's parameter hooks and inputs
+            # that need no grad
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
+        ds_config = deepspeed_config(cfg, world_size)
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                          config=ds_config)
+        ref = None
+        if cfg.train.kl_coef > 0:
+            frozen = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype)
+            frozen.config.use_cache = False
+            frozen.eval().requires_grad_(False)
+            ref, *_ = deepspeed.initialize(model=frozen, config=reference_config(ds_config))
+            ref.eval()
+        return cls(cfg, engine, ds_config, ref)
 
     # -- scoring ------------------------------------------------------------------------
     def _logprobs(self, model, b: Batch) -> torch.Tensor:
-        attn = grpo.response_mask(torch.zeros_like(b.prompt_lens), b.total_lens, b.input_ids.shape[1])
-        logits = model(input_ids=b.input_ids, attention_mask=attn.long()).logits
-        return grpo.token_logprobs(logits, b.input_ids, self.temperature)
+        """[n, L] log-probs of b's tokens under `model` (on the device); columns before the
+        earliest response are 0: their logits are never computed (`logits_to_keep`)."""
+        attn = self._attention(b)
+        first = max(0, int(b.prompt_lens.min()) - 1)
+        kwargs = {}
+        if first and _accepts_logits_to_keep(model):
+            kwargs["logits_to_keep"] = b.input_ids.shape[1] - first
+        else:
+            first = 0
+        logits = model(input_ids=b.input_ids, attention_mask=attn, **kwargs).logits
+        return shifted_logprobs(logits, b.input_ids, first, self.temperature)
+
+    def _attention(self, b: Batch) -> torch.Tensor:
+        mask = grpo.response_mask(torch.zeros_like(b.prompt_lens), b.total_lens,
+                                  b.input_ids.shape[1])
+        return mask.long().to(self.device)
 
     @torch.no_grad()
     def score(self, batch: Batch, reference: bool = False) -> list[torch.Tensor]:
-        """Per micro-batch log-probs [n, L] of the current (or reference) policy."""
+        """Per micro-batch log-probs [n, L] of the current (or reference) policy, on the
+        device; `batch` on the device (see `update`)."""
         model = self.ref if reference else self.engine.module
         model.eval()
         return [self._logprobs(model, batch.rows(s)) for s in self._slices(0, batch.size)]
@@ -117,44 +175,47 @@ class Actor:
     def update(self, batch: Batch) -> dict[str, float]:
         """GRPO update over this rank's rollouts; returns mean metrics of all micro-batches."""
         t = self.cfg.train
+        batch = batch.to(self.device)
         old = self.score(batch)
         ref = self.score(batch, reference=True) if self.ref is not None else None
         drift = self.sampler_drift(batch, old)
         per_mini = self.ds_config["gradient_accumulation_steps"] * self.micro
-        sums: dict[str, float] = {}
+        sums: dict[str, torch.Tensor] = {}
         count = 0
         self.engine.train()
         for _ in range(t.ppo_epochs):
             for start in range(0, batch.size, per_mini):
                 mini = self._slices(start, min(start + per_mini, batch.size))
-                total_tokens = sum(int(self._mask(batch.rows(s)).sum()) for s in mini)
+                total_tokens = sum(int(self._host_mask(batch.rows(s)).sum()) for s in mini)
                 for s in mini:
                     k = s.start // self.micro
                     metrics = self._micro_step(batch.rows(s), old[k], ref[k] if ref else None,
                                                total_tokens, len(mini))
                     for key, value in metrics.items():
-                        sums[key] = sums.get(key, 0.0) + value
+                        sums[key] = sums[key] + value if key in sums else value
                     count += 1
-        out = {k: v / max(1, count) for k, v in sums.items()}
+        out = {k: v / max(1, count) for k, v in host_floats(sums).items()}
         if drift is not None:
-            out["sampler_logprob_diff"] = drift
+            out["sampler_logprob_diff"] = host_floats({"d": drift})["d"]
         return out
 
-    def sampler_drift(self, batch: Batch, old: list[torch.Tensor]) -> float | None:
+    def sampler_drift(self, batch: Batch, old: list[torch.Tensor]) -> torch.Tensor | None:
         """Mean |log p_vLLM - log p_trainer| over response tokens: ~0 when the engine
         samples from exactly the weights being trained (a broken weight sync shows here)."""
         if batch.sampler_logprobs is None or self.cfg.rollout.temperature != 1.0:
             return None
-        total, count = 0.0, 0
+        total, count = None, 0
         for s, lp in zip(self._slices(0, batch.size), old):
             b = batch.rows(s)
             mask = self._mask(b)
-            total += float((lp - b.sampler_logprobs).abs()[mask].sum())
-            count += int(mask.sum())
+            diff = (lp - b.sampler_logprobs).abs()
+            part = torch.where(mask, diff, torch.zeros_like(diff)).sum()  # no sync, unlike [mask]
+            total = part if total is None else total + part
+            count += int(self._host_mask(b).sum())
         return total / max(1, count)
 
     def _micro_step(self, b: Batch, old: torch.Tensor, ref: torch.Tensor | None,
-                    mini_tokens: int, n_micro: int) -> dict[str, float]:
+                    mini_tokens: int, n_micro: int) -> dict[str, torch.Tensor]:
         t = self.cfg.train
         mask = self._mask(b)
         new = self._logprobs(self.engine, b)
@@ -164,37 +225,55 @@ class Actor:
             clip_ratio_c=t.clip_ratio_c)
         # The loss is a mean within this micro-batch; weight it so that the accumulated
         # gradient is the mean over the whole mini-batch (tokens or sequences).
-        share = (int(mask.sum()) / max(1, mini_tokens)) if t.loss_agg_mode == "token-mean" else 1 / n_micro
+        tokens = int(self._host_mask(b).sum())
+        share = tokens / max(1, mini_tokens) if t.loss_agg_mode == "token-mean" else 1 / n_micro
         self.engine.backward(loss * share, scale_wrt_gas=False)
         self.engine.step()
-        out = {k: float(v) for k, v in metrics.items()}
-        out["loss"] = float(loss.detach())
+        out = {k: v.detach() for k, v in metrics.items()}
+        out["loss"] = loss.detach()
         return out
 
-    def _mask(self, b: Batch) -> torch.Tensor:
+    def _host_mask(self, b: Batch) -> torch.Tensor:
+        """The response mask [n, L] on the host (counts, shares: no device sync)."""
         return grpo.next_token_mask(b.prompt_lens, b.total_lens, b.input_ids.shape[1])
+
+    def _mask(self, b: Batch) -> torch.Tensor:
+        return self._host_mask(b).to(self.device)
 
     def _slices(self, start: int, stop: int) -> list[slice]:
         return [slice(i, min(i + self.micro, stop)) for i in range(start, stop, self.micro)]
 
     # -- weights and checkpoints --------------------------------------------------------
+    def _zero3(self) -> bool:
+        return self.cfg.deepspeed.zero_stage == 3
+
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full (gathered) parameters with Hugging-Face names, one at a time."""
+        """Full parameters with Hugging-Face names, one at a time, in the model's dtype and
+        on the engine's device. Under ZeRO-3 each is gathered and copied (the gathered
+        storage is released when the next one is gathered); every rank must iterate."""
         import deepspeed
 
-        zero3 = self.cfg.deepspeed.zero_stage == 3
         for name, param in self.engine.module.named_parameters():
-            ctx = deepspeed.zero.GatheredParameters([param]) if zero3 else nullcontext()
-            with ctx:
-                yield name, param.data.detach().to(torch.float32).clone()
+            if self._zero3():
+                with deepspeed.zero.GatheredParameters([param]):
+                    yield name, param.data.detach().clone()
+            else:
+                yield name, param.data.detach()
+
+    def parameter_bytes(self) -> list[tuple[str, int]]:
+        """(name, bytes) of every full parameter in the model's dtype, in `named_weights`
+        order, without gathering (ZeRO-3 records the full shape as `ds_numel`)."""
+        return [(name, getattr(p, "ds_numel", p.numel()) * p.element_size())
+                for name, p in self.engine.module.named_parameters()]
 
     def save(self, directory: Path, hf_dir: Path | None) -> None:
-        """DeepSpeed state under `directory/ds` (every rank); HF policy in `hf_dir` (rank 0)."""
+        """DeepSpeed state under `directory/ds` (every rank); the policy in Hugging-Face
+        format in `hf_dir` (rank 0), streamed one parameter at a time (`export`)."""
         self.engine.save_checkpoint(str(directory), tag="ds")
         if hf_dir is not None:
-            state = {n: w for n, w in self.named_weights()}
-            self.engine.module.save_pretrained(hf_dir, state_dict=state, safe_serialization=True)
-        elif self.cfg.deepspeed.zero_stage == 3:
+            export.write_streamed(self.named_weights(), self.parameter_bytes(), hf_dir)
+            export.write_configs(self.engine.module, hf_dir)
+        elif self._zero3():
             for _ in self.named_weights():  # every rank takes part in the gathers
                 pass
 
@@ -202,3 +281,22 @@ class Actor:
         path, _ = self.engine.load_checkpoint(str(directory), tag="ds")
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed state in {directory}")
+
+
+def host_floats(values: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Device scalars -> Python floats in one transfer (one sync per update, not one per
+    metric and micro-step)."""
+    if not values:
+        return {}
+    keys = list(values)
+    stacked = torch.stack([values[k].detach().float().reshape(()) for k in keys])
+    return dict(zip(keys, stacked.cpu().tolist()))
+
+
+def _accepts_logits_to_keep(model) -> bool:
+    """Whether the model's forward takes `logits_to_keep` (transformers' causal LMs do)."""
+    target = getattr(model, "module", model)  # a DeepSpeed engine wraps the module
+    try:
+        return "logits_to_keep" in inspect.signature(target.forward).parameters
+    except (TypeError, ValueError):
+        return False
