@@ -27,6 +27,9 @@ def train(
     force: bool = typer.Option(False, "--force", help="Replace a run directory that holds a different run."),
     nproc: int = typer.Option(1, "--nproc", min=1, help="Start torchrun with N ranks on this node."),
     json_out: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
+    gpu_mem_gib: Optional[float] = typer.Option(
+        None, "--gpu-mem-gib", min=1, help="Check the memory plan against GPUs of N GiB "
+        "(default: the detected GPU; for a machine without one)."),
 ) -> None:
     from pipeline.config import load_config, to_dict, to_yaml
     from pipeline.loop.preflight import preflight
@@ -37,18 +40,25 @@ def train(
     import os
 
     cfg = load_config(config, extra)
+    sizing = {} if gpu_mem_gib is None else {"device_gib": gpu_mem_gib}
+    world = nproc if nproc > 1 else int(os.environ.get("WORLD_SIZE", 1))
     if nproc > 1:  # this process starts the ranks: its own environment does not describe them
-        facts = preflight(cfg, world_size=nproc, local_world=nproc)
+        facts = preflight(cfg, world_size=nproc, local_world=nproc, **sizing)
     else:
-        facts = preflight(cfg, world_size=int(os.environ.get("WORLD_SIZE", 1)))
+        facts = preflight(cfg, world_size=world, **sizing)
     if dry_run:
         from pipeline.loop.rundir import check_run_dir
+        from rhymectl.memory_view import plan_lines, unavailable_line
 
         check_run_dir(cfg, resume, force)  # what the run would say about run.dir
+        plan, unplanned = memory_plan(cfg, world, gpu_mem_gib)
         if json_out:
-            emit_json({"config": to_dict(cfg), "checks": facts})
+            emit_json({"config": to_dict(cfg), "checks": facts,
+                       "memory_plan": plan.to_dict() if plan else {"unavailable": unplanned}})
         else:
             out.print(to_yaml(cfg), end="", markup=False)
+            for line in plan_lines(plan, out.width) if plan else [unavailable_line(unplanned)]:
+                out.print(line, markup=False, highlight=False)
             out.print("# checks passed: " + ", ".join(f"{k}={v}" for k, v in facts.items()))
         return
     from pipeline.loop.launch import launch
@@ -63,6 +73,17 @@ def train(
         out.print(f"[bold]{result['run_dir']}[/]: {result['steps']} steps in {result['seconds']} s")
         for line in heldout_lines(result.get("eval") or []):
             out.print(line, markup=False, highlight=False)
+
+
+def memory_plan(cfg, world_size: int, gpu_mem_gib: Optional[float]):
+    """(the plan, None), or (None, why there is none: a model the plan cannot count)."""
+    from pipeline.loop.memory import plan_for
+    from pipeline.memory_plan import PlanUnavailable
+
+    try:
+        return plan_for(cfg, world_size, gpu_mem_gib), None
+    except PlanUnavailable as exc:
+        return None, str(exc)
 
 
 def heldout_lines(evals: list[dict]) -> list[str]:

@@ -14,6 +14,7 @@ from pipeline.config import Config, ConfigError
 from pipeline.errors import UsageError
 from pipeline.loop import loggers, rundir, tp_groups
 from pipeline.loop.batches import PromptSource
+from pipeline.loop.memory import memory_problems
 from pipeline.policy.checks import check_model_dir, fix_hint
 from pipeline.rollout.versions import check_vllm
 from pipeline.sched.placement import resolve_policy_name
@@ -23,11 +24,13 @@ from pipeline.tasks.math_rewards import REWARDS
 from pipeline.tasks.prompts import train_rows
 
 
-def preflight(cfg: Config, world_size: int, local_world: int | None = None) -> dict:
+def preflight(cfg: Config, world_size: int, local_world: int | None = None,
+              device_gib: float | None = None) -> dict:
     """Run every check; raise one UsageError listing every problem found (checks that need
     a model directory or data set that failed are skipped); else return facts worth
     printing. `local_world`: ranks per node when the caller is about to start them itself
-    (`train --nproc N`); else torchrun's LOCAL_WORLD_SIZE."""
+    (`train --nproc N`); else torchrun's LOCAL_WORLD_SIZE. `device_gib`: the GPU size the
+    memory plan must fit (`--gpu-mem-gib`); None: the detected GPU, no check without one."""
     problems: list[str] = []
 
     def attempt(check, *args):
@@ -63,6 +66,7 @@ def preflight(cfg: Config, world_size: int, local_world: int | None = None) -> d
         problems.append(f"data.max_prompt_length + rollout.max_tokens = "
                         f"{cfg.data.max_prompt_length + cfg.rollout.max_tokens} exceeds the "
                         f"model's context of {context} tokens; lower rollout.max_tokens")
+    problems.extend(memory_problems(cfg, world_size, device_gib))
     if problems:
         raise ConfigError(problems)
     return {"world_size": world_size, "prompts": len(source.prompts),

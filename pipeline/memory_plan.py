@@ -1,0 +1,364 @@
+"""The per-GPU memory plan of one rank: a vLLM engine and a DeepSpeed trainer in one process.
+
+Pure arithmetic on the model's config.json, the resolved Config, the world size and the
+device size; no GPU, no weights. Sizes are GiB (2**30 bytes) per GPU. A step has two phases:
+
+  rollout  vLLM generates while awake; the trainer's states stay on the GPU (no offload).
+  train    vLLM sleeps (level 2); the trainer runs one micro-batch forward and backward,
+           then the optimizer step.
+
+vLLM 0.32 while awake takes `rollout.gpu_memory_utilization` x the device: `request_memory`
+claims that share at start-up (its free memory must hold it), and
+`Worker.determine_available_memory` fills it with the weights, the peak activations of its
+profile run, what was allocated outside torch since its start-up snapshot, the CUDA graphs
+(profiled by default) and, with the rest, the KV cache. What existed before the snapshot
+(CUDA context, NCCL communicators, the trainer's states) is outside the share. Asleep at
+level 2 the CuMemAllocator unmaps every allocation of its pools (weights, KV cache and
+workspace discarded; the runtime tag backed up to host memory); the CUDA graphs are captured
+outside those pools (`sleep_mode_offload_cudagraph` is off by default) and stay, as do the
+CUDA context and NCCL's buffers.
+
+The trainer follows DeepSpeed's ZeRO rules over the world size N: stage 1 partitions the
+optimizer states, stage 2 the gradients too, stage 3 the weights too. bf16 keeps fp32 master
+weights and Adam's two fp32 moments (12 bytes per parameter) and casts the gradients to fp32
+for the optimizer step (4 more, during the step only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Optional
+
+from pipeline.config.schema import Config
+
+GIB = 2 ** 30
+# Allowances, not derived: CUDA context + cuBLAS workspace + NCCL communicators (about half
+# a GiB each on H100-class GPUs), and vLLM's CUDA graph pool for a 7B-class model (vLLM logs
+# 0.3-1.5 GiB; 0 with enforce_eager).
+CONTEXT_GIB = 1.0
+CUDA_GRAPHS_GIB = 1.0
+LOGPROB_CHUNK_GIB = 0.25  # the fp32 working set of one log-prob chunk (pipeline.train.logprobs)
+# DeepSpeed's defaults (the actor's DeepSpeed config sets none of them), in elements.
+REDUCE_BUCKET = 500_000_000  # zero_optimization.reduce_bucket_size
+PREFETCH_BUCKET = 50_000_000  # zero_optimization.stage3_prefetch_bucket_size
+COUNTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+class PlanUnavailable(ValueError):
+    """The model's config.json does not describe a model this plan can count."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A dense decoder of the Llama family as config.json describes it."""
+
+    model_type: str
+    vocab: int
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    tied: bool = False  # lm_head shares the embedding
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False  # qwen3: an RMSNorm over each head of q and k
+
+    @classmethod
+    def from_config(cls, config: dict) -> "ModelShape":
+        """From a config.json mapping; missing optional fields take transformers' defaults for
+        these model types (kv heads = heads, head_dim = hidden / heads, untied)."""
+        if any(config.get(key) for key in MOE_KEYS):
+            raise PlanUnavailable("config.json describes a mixture-of-experts model")
+
+        def need(key: str) -> int:
+            value = config.get(key)
+            if type(value) is not int or value <= 0:
+                raise PlanUnavailable(f"config.json has no {key}")
+            return value
+
+        model_type = str(config.get("model_type") or "unknown")
+        hidden, heads = need("hidden_size"), need("num_attention_heads")
+        attention_bias = bool(config.get("attention_bias", False))
+        return cls(model_type, need("vocab_size"), hidden, need("intermediate_size"),
+                   need("num_hidden_layers"), heads,
+                   kv_heads=config.get("num_key_value_heads") or heads,
+                   head_dim=config.get("head_dim") or hidden // heads,
+                   tied=bool(config.get("tie_word_embeddings", False)),
+                   qkv_bias=model_type == "qwen2" or attention_bias,  # qwen2: always
+                   o_bias=attention_bias and model_type != "qwen2",
+                   mlp_bias=bool(config.get("mlp_bias", False)),
+                   qk_norm=model_type == "qwen3")
+
+    def layer_modules(self) -> dict[str, int]:
+        """Parameters of each module of one decoder layer."""
+        h, i, d = self.hidden, self.intermediate, self.head_dim
+        q, kv = self.heads * d, self.kv_heads * d
+        modules = {
+            "q_proj": h * q + q * self.qkv_bias, "k_proj": h * kv + kv * self.qkv_bias,
+            "v_proj": h * kv + kv * self.qkv_bias, "o_proj": q * h + h * self.o_bias,
+            "gate_proj": h * i + i * self.mlp_bias, "up_proj": h * i + i * self.mlp_bias,
+            "down_proj": i * h + h * self.mlp_bias,
+            "input_layernorm": h, "post_attention_layernorm": h}
+        if self.qk_norm:
+            modules.update(q_norm=d, k_norm=d)
+        return modules
+
+    @property
+    def params(self) -> int:
+        """Distinct parameters: embedding, layers, final norm, lm_head unless tied."""
+        embedding = self.vocab * self.hidden
+        return (embedding * (1 if self.tied else 2) + self.hidden
+                + self.layers * sum(self.layer_modules().values()))
+
+    @property
+    def largest_layer(self) -> int:
+        """The largest module's own parameters (DeepSpeed's `model_to_params`): the
+        embedding or lm_head for these models."""
+        return max(self.vocab * self.hidden, *self.layer_modules().values())
+
+    def layer_activation_bytes(self, seq_len: int, nbytes: int) -> int:
+        """Bytes one decoder layer keeps for its backward, per token, in transformers' eager
+        layer with SDPA attention and `nbytes`-byte activations: each RMSNorm keeps an fp32
+        copy of its input and its output; attention keeps q, k and v (k and v repeated to
+        every head: a padding mask rules out SDPA's GQA path), SDPA's output, o_proj's
+        contiguous input and SDPA's additive mask (one row of L per token); the MLP keeps
+        SiLU's input and output, up_proj's output and down_proj's input."""
+        norms = 2 * (4 + nbytes) * self.hidden
+        attention = nbytes * (5 * self.heads * self.head_dim + seq_len)
+        mlp = nbytes * 4 * self.intermediate
+        return norms + attention + mlp
+
+
+@dataclass(frozen=True)
+class Item:
+    """One holder of GPU memory, GiB per GPU in each phase (None: unknown without a device size)."""
+
+    name: str
+    rollout: Optional[float]
+    train: float
+    basis: str
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    items: tuple[Item, ...]
+    device_gib: Optional[float]  # None: no GPU to check against (a CPU run)
+    device: str  # where the size came from
+    world_size: int
+    params: int
+    largest_layer: int
+    micro_batch: int  # sequences per forward/backward (an upper bound of the actor's)
+    seq_len: int  # tokens per sequence, at most
+    model_states_gib: float  # weights + gradients + optimizer states, train phase
+    deepspeed: Optional[tuple[float, str]]  # DeepSpeed's own figure for the same, and its source
+    problems: tuple[str, ...]  # why it cannot fit (empty: fits, or no device)
+    vllm_fraction: float  # of the device, vLLM's while awake
+    notes: tuple[str, ...] = ()
+
+    def peak(self, phase: str) -> Optional[float]:
+        values = [getattr(item, phase) for item in self.items]
+        return None if None in values else sum(values)
+
+    @property
+    def peak_phase(self) -> tuple[str, Optional[float]]:
+        """The phase with the larger peak (train when the rollout's is unknown)."""
+        rollout, train = self.peak("rollout"), self.peak("train")
+        return ("rollout", rollout) if rollout is not None and rollout > train else ("train", train)
+
+    @property
+    def fits(self) -> Optional[bool]:
+        return None if self.device_gib is None else not self.problems
+
+    def to_dict(self) -> dict:
+        phase, peak = self.peak_phase
+        out = asdict(self)
+        out["items"] = [{"name": i.name, "rollout_gib": i.rollout, "train_gib": i.train,
+                         "basis": i.basis} for i in self.items]
+        out["deepspeed"] = (None if self.deepspeed is None else
+                            {"gib": self.deepspeed[0], "source": self.deepspeed[1]})
+        out.update(peak={"rollout_gib": self.peak("rollout"), "train_gib": self.peak("train"),
+                         "phase": phase, "gib": peak}, fits=self.fits)
+        return out
+
+
+def micro_batch(cfg: Config, world_size: int) -> int:
+    """Sequences per forward/backward: at most train.ppo_micro_batch_size and at most a
+    rank's share of a mini-batch (the actor takes the largest divisor of the share)."""
+    per_rank = max(1, cfg.train.ppo_mini_batch_size // world_size) * cfg.rollout.n
+    return min(cfg.train.ppo_micro_batch_size, per_rank)
+
+
+def build_plan(shape: ModelShape, cfg: Config, world_size: int, device_gib: Optional[float],
+               device: str = "none", deepspeed: Optional[tuple[float, str]] = None) -> MemoryPlan:
+    """The plan of one rank of `world_size` on a GPU of `device_gib` GiB (None: no check).
+    `deepspeed`: DeepSpeed's estimate of the model states (GiB, source), shown beside ours."""
+    trainer = _trainer_items(shape, cfg, world_size)
+    vllm_weights = DTYPE_BYTES[cfg.model.dtype] * shape.params / cfg.rollout.tensor_parallel_size
+    items = (*trainer, *_vllm_items(cfg, device_gib, vllm_weights / GIB),
+             *_step_items(shape, cfg, world_size))
+    notes = []
+    if shape.model_type not in COUNTED_TYPES:
+        notes.append(f"model_type {shape.model_type} is counted as a dense Llama-style decoder")
+    seq_len = cfg.data.max_prompt_length + cfg.rollout.max_tokens
+    plan = MemoryPlan(items, device_gib, device, world_size, shape.params, shape.largest_layer,
+                      micro_batch(cfg, world_size), seq_len, sum(i.train for i in trainer[:3]),
+                      deepspeed, (), cfg.rollout.gpu_memory_utilization, tuple(notes))
+    if device_gib is None:
+        return plan
+    return replace(plan, problems=tuple(_problems(plan, cfg, vllm_weights / GIB)))
+
+
+def _trainer_items(shape: ModelShape, cfg: Config, n: int) -> tuple[Item, ...]:
+    """Weights, gradients, optimizer states (in this order), the reference model."""
+    p, stage = shape.params, cfg.deepspeed.zero_stage
+    w = 2 if cfg.deepspeed.bf16 else 4
+    trainer = "bf16" if w == 2 else "fp32"
+
+    def per_gpu(nbytes_per_param: int, partitioned: bool) -> float:
+        return nbytes_per_param * p / (n if partitioned else 1) / GIB
+
+    def split(partitioned: bool) -> str:
+        return f"partitioned over {n} ranks" if partitioned else "full on every GPU"
+
+    weights, grads = per_gpu(w, stage == 3), per_gpu(w, stage >= 2)
+    held = 12 if w == 2 or stage > 0 else 8  # fp32 ZeRO-0: torch's Adam, no master copy
+    cast = 4 if w == 2 else 0
+    what = ("fp32 master weights and Adam's two moments (12 B/param)" if held == 12
+            else "Adam's two fp32 moments (8 B/param)")
+    if cast:
+        what += " + the fp32 gradients cast for the optimizer step (4 B/param, train phase)"
+    ref = per_gpu(w, stage == 3) if cfg.train.kl_coef > 0 else 0.0
+    return (
+        Item("policy weights", weights, weights, f"{trainer} weights of {p / 1e9:.2f}B "
+             f"parameters, {split(stage == 3)} (ZeRO-{stage})"),
+        Item("gradients", grads if stage == 3 else 0.0, grads,
+             f"{trainer} gradients, {split(stage >= 2)}; between steps only ZeRO-3 keeps its "
+             f"flat gradient buffer"),
+        Item("optimizer states", per_gpu(held, stage >= 1), per_gpu(held + cast, stage >= 1),
+             f"{what}, {split(stage >= 1)}"),
+        Item("reference model", ref, ref,
+             f"train.kl_coef > 0: {trainer} weights wrapped by DeepSpeed, {split(stage == 3)}"
+             if cfg.train.kl_coef > 0 else "train.kl_coef = 0: no reference model"))
+
+
+def _vllm_items(cfg: Config, device_gib: Optional[float], weights: float) -> tuple[Item, ...]:
+    """vLLM awake and asleep, and the process's CUDA context (outside vLLM's share)."""
+    r = cfg.rollout
+    share = None if device_gib is None else r.gpu_memory_utilization * device_gib
+    tp = f" / {r.tensor_parallel_size} (TP)" if r.tensor_parallel_size > 1 else ""
+    graphs = 0.0 if r.enforce_eager else CUDA_GRAPHS_GIB
+    return (
+        Item("vLLM awake", share, 0.0,
+             f"rollout.gpu_memory_utilization {r.gpu_memory_utilization:g} x the device: "
+             f"weights {weights:.1f} GiB ({cfg.model.dtype}{tp}), its profiled activations and "
+             f"CUDA graphs, the rest KV cache; freed by sleep(level=2)"),
+        Item("vLLM asleep", 0.0, graphs,
+             "rollout.enforce_eager: no CUDA graphs to keep" if r.enforce_eager else
+             f"its CUDA graph pool, which sleep does not free (allowance {CUDA_GRAPHS_GIB:g} GiB)"),
+        Item("CUDA context + NCCL", CONTEXT_GIB, CONTEXT_GIB,
+             f"CUDA context, cuBLAS workspace, NCCL communicators (allowance {CONTEXT_GIB:g} "
+             f"GiB), outside vLLM's share"))
+
+
+def _step_items(shape: ModelShape, cfg: Config, n: int) -> tuple[Item, ...]:
+    """What one micro-batch's forward and backward add: activations, logits, ZeRO buffers."""
+    w, stage, checkpointed = (2 if cfg.deepspeed.bf16 else 4, cfg.deepspeed.zero_stage,
+                              cfg.train.gradient_checkpointing)
+    micro, seq = micro_batch(cfg, n), cfg.data.max_prompt_length + cfg.rollout.max_tokens
+    tokens, trainer = micro * seq, "bf16" if w == 2 else "fp32"
+    layer = shape.layer_activation_bytes(seq, w)
+    final_norm = (4 + w) * shape.hidden
+    if checkpointed:
+        acts = tokens * (shape.layers * w * shape.hidden + layer + final_norm)
+        how = f"{shape.layers} layer inputs + one layer's {layer / 1024:.0f} KiB/token"
+    else:
+        acts = tokens * (shape.layers * layer + final_norm)
+        how = (f"{shape.layers} layers x {layer / 1024:.0f} KiB/token; "
+               f"train.gradient_checkpointing is off")
+    items = [
+        Item("activations", 0.0, acts / GIB,
+             f"{micro} sequence{'s' * (micro != 1)} x {seq} tokens (data.max_prompt_length + "
+             f"rollout.max_tokens): {how}"),
+        # The log-probs' backward writes the logits' full gradient while the logits are
+        # saved for it (pipeline.train.logprobs); the fp32 softmax goes chunk by chunk.
+        Item("logits", 0.0, 2 * w * tokens * shape.vocab / GIB + 2 * LOGPROB_CHUNK_GIB,
+             f"{trainer} logits [{micro}, {seq}, {shape.vocab}] and, in the backward, their "
+             f"gradient; + two fp32 chunks of {LOGPROB_CHUNK_GIB * 1024:.0f} MiB for the "
+             f"log-probs")]
+    bucket = w * REDUCE_BUCKET / GIB
+    if stage == 3:
+        gathered = (2 * w * shape.largest_layer + w * PREFETCH_BUCKET) / GIB
+        items.append(Item("ZeRO buffers", bucket, bucket + gathered,
+                          f"gradient reduce bucket ({REDUCE_BUCKET:.0e} elements, held from "
+                          f"start-up) + the largest layer gathered with its gradient "
+                          f"({shape.largest_layer / 1e6:.0f}M params) + the prefetch bucket "
+                          f"({PREFETCH_BUCKET:.0e})"))
+    elif stage > 0:
+        items.append(Item("ZeRO buffers", 0.0, bucket, f"gradient reduce bucket "
+                          f"({REDUCE_BUCKET:.0e} elements) during the backward"))
+    return tuple(items)
+
+
+def _problems(plan: MemoryPlan, cfg: Config, vllm_weights: float) -> list[str]:
+    device, r = plan.device_gib, cfg.rollout
+    share = r.gpu_memory_utilization * device
+    out = []
+    if vllm_weights >= device:
+        out.append(f"vLLM's weights ({vllm_weights:.1f} GiB in {cfg.model.dtype}) do not fit the "
+                   f"{device:.1f} GiB GPU; set model.dtype: bfloat16 or raise "
+                   f"rollout.tensor_parallel_size (now {r.tensor_parallel_size})")
+    elif share <= vllm_weights:
+        out.append(f"rollout.gpu_memory_utilization = {r.gpu_memory_utilization:g} gives vLLM "
+                   f"{share:.1f} GiB of the {device:.1f} GiB GPU, less than its {vllm_weights:.1f} "
+                   f"GiB of weights; raise it well above {vllm_weights / device:.2f} (the rest is "
+                   f"its KV cache)")
+    phase, peak = plan.peak_phase
+    if peak > device:
+        items = sorted((i for i in plan.items if getattr(i, phase) > 0),
+                       key=lambda i: -getattr(i, phase))
+        largest = ", ".join(f"{i.name} {getattr(i, phase):.1f}" for i in items[:3])
+        out.append(f"the memory plan needs {peak:.1f} GiB per GPU in the {phase} phase, more than "
+                   f"the {device:.1f} GiB GPU (largest: {largest} GiB); to fit: "
+                   f"{_or(_remedies(plan, cfg, phase, items, vllm_weights))}")
+    return out
+
+
+def _remedies(plan: MemoryPlan, cfg: Config, phase: str, items: list[Item],
+              vllm_weights: float) -> list[str]:
+    """What to change, for the largest items of the phase first."""
+    t, stage = cfg.train, cfg.deepspeed.zero_stage
+    device, util = plan.device_gib, cfg.rollout.gpu_memory_utilization
+    others = plan.peak("rollout") - util * device if phase == "rollout" else 0.0
+    fitting_util = int(100 * (device - others) / device) / 100
+    if plan.world_size == 1:  # nothing to partition over
+        states = ["run more ranks (--nproc) with deepspeed.zero_stage 3"]
+    elif stage < 3:
+        states = [f"raise deepspeed.zero_stage (now {stage})"]
+    else:
+        states = ["run on more GPUs (ZeRO-3 partitions the states over the ranks)"]
+    micro = ([f"lower train.ppo_micro_batch_size (now {plan.micro_batch})"]
+             if plan.micro_batch > 1 else [])
+    by_item = {
+        "activations": (["enable train.gradient_checkpointing"] if not t.gradient_checkpointing
+                        else []) + micro + ["lower rollout.max_tokens"],
+        "logits": micro + ["lower rollout.max_tokens"],
+        "policy weights": states, "gradients": states, "optimizer states": states,
+        "reference model": states,
+        "vLLM awake": ([f"lower rollout.gpu_memory_utilization to {fitting_util:.2f}"]
+                       if fitting_util * device > vllm_weights else []),
+    }
+    out: list[str] = []
+    for item in items[:3]:  # the largest, as the refusal names them
+        for remedy in by_item.get(item.name, []):
+            if remedy not in out:
+                out.append(remedy)
+    return out[:3] or ["use GPUs with more memory"]
+
+
+def _or(options: list[str]) -> str:
+    return options[0] if len(options) == 1 else ", ".join(options[:-1]) + " or " + options[-1]
