@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from pipeline.config import load_config
-from pipeline.memory_plan import (CONTEXT_GIB, CUDA_GRAPHS_GIB, GIB, REDUCE_BUCKET, ModelShape,
-                                  PlanUnavailable, build_plan)
+from pipeline.memory_plan import (CONTEXT_GIB, CUDA_GRAPHS_GIB, GIB, LOGPROB_CHUNK_GIB,
+                                  REDUCE_BUCKET, ModelShape, PlanUnavailable, build_plan)
 from pipeline.train.ds_estimate import model_states_gib
 from rhymectl.app import main
 
@@ -154,6 +154,21 @@ def test_micro_batch_is_at_most_a_ranks_share_of_a_mini_batch():
     assert build_plan(qwen7b(), cfg, 64, None).micro_batch == 8
     small = load_config(GPU_7B, ["train.ppo_mini_batch_size=8", "rollout.n=4"])
     assert build_plan(qwen7b(), small, 8, None).micro_batch == 4  # 1 prompt x 4 responses
+
+
+def test_the_plan_sizes_what_the_trainer_runs():
+    """The micro-batch the actor configures DeepSpeed with, and the log-probs' fp32 chunk."""
+    from pipeline.train.actor import deepspeed_config
+    from pipeline.train.logprobs import CHUNK_BYTES
+
+    # (overrides, the actor's micro-batch, the plan's): 64 sequences per rank and mini-batch
+    # split by 8, or (a cap of 5) by the largest divisor 4, which the plan bounds by 5
+    for overrides, actor, plan in (([], 8, 8), (["train.ppo_micro_batch_size=5"], 4, 5),
+                                   (["train.ppo_mini_batch_size=8", "rollout.n=4"], 4, 4)):
+        cfg = load_config(GPU_7B, overrides)
+        assert deepspeed_config(cfg, 8)["train_micro_batch_size_per_gpu"] == actor
+        assert build_plan(qwen7b(), cfg, 8, None).micro_batch == plan
+    assert LOGPROB_CHUNK_GIB == CHUNK_BYTES / GIB
 
 
 def test_without_a_device_there_is_no_vllm_share_and_no_verdict():
