@@ -9,7 +9,7 @@ export VLLM_ENABLE_V1_MULTIPROCESSING := 0
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup demo test test-fast clean
+.PHONY: setup demo test test-fast clean check-gpu-stack
 
 setup:
 	VENV=$(VENV) TARGET=$(TARGET) bash scripts/setup.sh
@@ -24,6 +24,10 @@ test: setup
 
 test-fast: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit
+
+# Does TARGET=gpu's requirement list resolve? pip's dry run against PyPI; installs nothing.
+check-gpu-stack:
+	"$${PYTHON:-python3}" scripts/check_gpu_stack.py
 
 clean:
 	rm -rf runs models .pytest_cache

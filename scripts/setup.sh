@@ -16,6 +16,18 @@ case "$TARGET" in
   gpu) TORCH_REQ="torch==2.13.0"; VLLM_REQ="vllm==0.32.0"; PINS="-c requirements/gpu-constraints.txt" ;;
   *) echo "error: TARGET must be cpu or gpu, got '$TARGET'" >&2; exit 2 ;;
 esac
+BUILD_REQS="cmake nanobind==2.9.2 wheel setuptools"  # arctic-inference's build
+ARCTIC_REQ="arctic-inference==0.3.0"
+# The TensorBoard writer is an optional extra for users, but the tests read its event files.
+REQ_FILES="requirements/base.txt requirements/test-extras.txt"
+# --print-requirements: everything TARGET installs, as one line of pip arguments, and exit
+# (scripts/check_gpu_stack.py resolves this list).
+if [ "${1:-}" = --print-requirements ]; then
+  args="$TORCH_REQ $VLLM_REQ $BUILD_REQS $ARCTIC_REQ"
+  for req_file in $REQ_FILES; do args="$args -r $req_file"; done
+  echo "$args $PINS"
+  exit 0
+fi
 
 stamp_src=$(cat scripts/setup.sh pyproject.toml requirements/*.txt 2>/dev/null | sha256sum | cut -c1-16)
 STAMP="$VENV/.rhymectl-setup-$TARGET-$stamp_src"
@@ -39,12 +51,10 @@ if [ "$TARGET" = cpu ]; then
   $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 echo "set-up: arctic-inference (built from source)"
-$PIP install -q cmake "nanobind==2.9.2" wheel setuptools $PINS
-$PIP install -q --no-build-isolation "arctic-inference==0.3.0"
+$PIP install -q $BUILD_REQS $PINS
+$PIP install -q --no-build-isolation "$ARCTIC_REQ"
 echo "set-up: deepspeed, data, CLI and test dependencies"
-$PIP install -q -r requirements/base.txt $PINS
-# The TensorBoard writer is an optional extra for users, but the tests read its event files.
-$PIP install -q -r requirements/test-extras.txt $PINS
+for req_file in $REQ_FILES; do $PIP install -q -r "$req_file" $PINS; done
 $PIP install -q --no-deps --no-build-isolation -e .
 echo "set-up: pre-building DeepSpeed's CPU communication op (minutes, once per machine)"
 python -m pipeline.train.ds_ops build
