@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
           f"(pip --dry-run; a few minutes): {' '.join(args)}", flush=True)
     with tempfile.TemporaryDirectory(prefix="rhymectl-gpu-check-") as tmp:
         try:
-            rc, output, report = resolve(args, opts.index_url, Path(tmp))
+            _, output, report = resolve(args, opts.index_url, Path(tmp))
         except (OSError, subprocess.CalledProcessError) as err:
             print(f"error: cannot check here: no virtual environment with pip for "
                   f"{sys.executable}: {err}", file=sys.stderr)
