@@ -206,3 +206,45 @@ def test_remaining_length_is_the_mean_of_the_samples_that_outlive_the_request():
     # nothing known: as long again as it has run
     assert remaining(30, None, None)[:2] == (30.0, 30.0)
     assert remaining(0, LengthSamples([]))[0] == 8.0
+
+
+# ---------------------------------------------------------------- measured cost curves
+
+def measured(curve, xs=(4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)) -> CriticalBudget:
+    """A budget whose pass cost was learned the way the engine teaches it: decode passes
+    reported through `observe_pass` (the pass meter's listener), several per size."""
+    b = CriticalBudget(CriticalConfig(max_len=16))
+    for _ in range(3):
+        for x in xs:
+            b.observe_pass(x, curve(x))
+    return b
+
+
+def test_a_flat_measured_curve_drafts_every_request_to_the_cap():
+    """A pass that costs the same whatever it verifies (memory-bound decode): every draft
+    token with any chance of acceptance pays, in a full batch as in the tail."""
+    curve = [0.6 ** j for j in range(1, 17)]
+    b = measured(lambda x: 0.02)
+    ids = [f"r{i}" for i in range(256)]
+    assert b.ask(ids, [16] * 256, [(500, 50)] * 256, rows=256) == [16] * 256
+    assert b.grant([curve] * 256) == [16] * 256
+    b.ask(["last"], [16], [(500, 50)], rows=1)
+    assert b.grant([curve]) == [16]
+
+
+def test_this_cpus_measured_curve_drafts_little_in_a_full_batch_and_to_the_cap_in_the_tail():
+    """DRAFT_COST, the fit over this machine's decode passes (8.5 ms + 0.062 ms per token):
+    m = 0.062 ms; tail pass c(17) = 9.55 ms. Tail, one request (pi = 1, tau = 2):
+    v = 4.77 ms, threshold 0.062 / 4.84 = 0.0128 < 0.8^16 = 0.028: all 16 tokens. Full
+    batch of 256 equal requests: v = 4.77 / 256 = 0.0187 ms; a first token assumed accepted
+    at 0.5 pays only if 0.5 (m + v) > m, i.e. v > m: no request is drafted at all. (Were
+    they drafted, the threshold 0.062 / 0.0807 = 0.77 would keep 1 token each.)"""
+    from pipeline.costs import DRAFT_COST
+
+    curve = [0.8 ** j for j in range(1, 17)]
+    b = measured(DRAFT_COST.pass_seconds)
+    assert b.ask(["last"], [16], [(500, 50)], rows=1) == [16]
+    assert b.grant([curve]) == [16]
+    ids = [f"r{i}" for i in range(256)]
+    assert b.ask(ids, [16] * 256, [(500, 50)] * 256, rows=256) == [0] * 256
+    assert b.grant([curve] * 256) == [1] * 256
