@@ -17,14 +17,34 @@ From the counts, for `n` requests that generated `g` tokens in all:
 
 Pass time is the wall time from one pass's start to the next one's (or to `stop`), so it
 includes scheduling, sampling and drafting: what a pass really costs.
+
+For the critical path (`pipeline.critical_path`) each pass also keeps how many requests it
+scheduled and the output tokens they held before it (`scheduled_cached_reqs.
+num_output_tokens`), and each request its first and last pass, at a cost per request, not
+per request and pass (this runs in every training step):
+
+- first pass: the pass that lists it in `scheduled_new_reqs`;
+- last pass: vLLM reports a finished request in the next pass's `finished_req_ids`; it
+  finished in the pass before, or two before where it was not scheduled there (async
+  scheduling, vLLM's default without speculation on a GPU, schedules the next pass before
+  the last one's output is known: a request that stops may run one more pass, and is
+  then counted to that pass). Requests not reported by the end ran until the last pass;
+- passes: last - first + 1. Exact when no request skipped a pass (the sum over requests
+  then equals the scheduled (request, pass) pairs); after a preemption or a token-budget
+  deferral it is the span, an upper bound (`PassCounts.spans_exact` says which).
+
+`PassCounts.pass_log` turns these into a `PassLog` after the rollout, joining vLLM's
+internal request ids to the callers' ids.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from pipeline import costs
+from pipeline.critical_path import PassLog, critical_path
 
 
 @dataclass
@@ -37,6 +57,21 @@ class PassCounts:
     draft_seconds: float = 0.0  # inside propose_draft_token_ids
     seconds: float = 0.0  # first pass start .. stop
     samples: list = field(default_factory=list)  # (scheduled tokens, seconds, had prefill)
+    # per pass, in order: requests scheduled, how many were new (prefill), the output
+    # tokens they held before the pass
+    pass_running: list = field(default_factory=list)
+    pass_new: list = field(default_factory=list)
+    pass_outputs_before: list = field(default_factory=list)
+    # per request (vLLM's internal id), in order of arrival: its first and last pass
+    request_first: dict = field(default_factory=dict)
+    request_finish: dict = field(default_factory=dict)
+
+    @property
+    def spans_exact(self) -> bool:
+        """Whether every request ran in every pass from its first to its last (see the
+        module docstring): then its span is its pass count."""
+        spans = sum(self.request_finish[r] - p + 1 for r, p in self.request_first.items())
+        return spans == self.seq_passes
 
     def tau(self, generated: int, requests: int) -> float:
         return costs.tau(generated - requests, self.seq_passes - self.prefill_seq_passes)
@@ -44,6 +79,30 @@ class PassCounts:
     def accept_rate(self, generated: int, requests: int) -> float:
         return costs.accept_rate(generated - requests, self.seq_passes - self.prefill_seq_passes,
                                  self.draft_tokens)
+
+    def pass_log(self, lengths: Mapping[str, int] | None = None) -> PassLog:
+        """The passes and requests of this rollout (`pipeline.critical_path.PassLog`).
+
+        lengths: generated tokens per request id as the caller gave it to vLLM (the
+        `Completion.request_id`s); requests not in it have tokens_out None."""
+        lengths = lengths or {}
+        first, finish = self.request_first, self.request_finish
+        return PassLog(tokens=[t for t, _, _ in self.samples], running=list(self.pass_running),
+                       new=list(self.pass_new), outputs_before=list(self.pass_outputs_before),
+                       finish=[finish[r] for r in first],
+                       passes=[finish[r] - p + 1 for r, p in first.items()],
+                       tokens_out=[lengths.get(_external(r, lengths)) for r in first])
+
+    def path_metrics(self) -> dict[str, int]:
+        """The critical path's pass counts (training's per-step metrics)."""
+        path = critical_path(self.pass_log())
+        return {"spec_critical_passes": path.critical_passes, "spec_tail_passes": path.tail_passes}
+
+
+def _external(request_id: str, known: Mapping[str, int]) -> str:
+    """The caller's id of a vLLM request: vLLM 0.32's input processor makes the internal id
+    `{caller's id}-{8 random characters}` (unless request id randomisation is disabled)."""
+    return request_id if request_id in known else request_id.rsplit("-", 1)[0]
 
 
 class PassMeter:
@@ -54,6 +113,7 @@ class PassMeter:
         self._counts: PassCounts | None = None
         self._last: tuple[float, int, bool] | None = None  # start, tokens, prefill of the last pass
         self._first: float | None = None
+        self._previous: dict = {}  # the last pass's scheduled requests (id -> tokens)
         # called with (scheduled tokens, seconds, had prefill) as each pass closes
         self.listener = None
         execute, propose = runner.execute_model, runner.propose_draft_token_ids
@@ -74,7 +134,7 @@ class PassMeter:
         runner.propose_draft_token_ids = propose_draft_token_ids
 
     def start(self) -> None:
-        self._counts, self._last, self._first = PassCounts(), None, None
+        self._counts, self._last, self._first, self._previous = PassCounts(), None, None, {}
 
     def stop(self) -> PassCounts:
         counts, now = self._counts, time.perf_counter()
@@ -82,13 +142,19 @@ class PassMeter:
             raise RuntimeError("PassMeter.stop() without start()")
         self._close_pass(now)
         counts.seconds = now - self._first if self._first is not None else 0.0
-        self._counts = None
+        last = counts.passes - 1
+        for rid in counts.request_first:
+            counts.request_finish.setdefault(rid, last)  # not reported: ran to the end
+        self._counts, self._previous = None, {}
         return counts
 
     def _on_pass(self, so) -> None:
         c = self._counts
+        if c is None:
+            return
+        self._finished(c, getattr(so, "finished_req_ids", None) or ())
         total = int(getattr(so, "total_num_scheduled_tokens", 0) or 0)
-        if c is None or total <= 0:
+        if total <= 0:
             return
         now = time.perf_counter()
         self._close_pass(now)
@@ -100,9 +166,26 @@ class PassMeter:
         c.scheduled_tokens += total
         c.seq_passes += len(scheduled)
         c.prefill_seq_passes += len(new)
+        c.pass_running.append(len(scheduled))
+        c.pass_new.append(len(new))
+        cached = getattr(so, "scheduled_cached_reqs", None)
+        c.pass_outputs_before.append(sum(getattr(cached, "num_output_tokens", ()) or ()))
+        for r in new:
+            c.request_first[r.req_id] = c.passes - 1
+        self._previous = scheduled
         c.draft_tokens += sum(len(v) for v in (getattr(so, "scheduled_spec_decode_tokens", {})
                                                 or {}).values())
         self._last = (now, total, bool(new))
+
+    def _finished(self, c: PassCounts, finished) -> None:
+        """Requests reported finished before the coming pass: their last pass is the
+        previous one, or the one before where they were not scheduled in the previous one
+        (async scheduling; see the module docstring). Earlier rollouts' are not ours."""
+        last = c.passes - 1
+        for rid in finished:
+            first = c.request_first.get(rid)
+            if first is not None and rid not in c.request_finish:
+                c.request_finish[rid] = last if rid in self._previous else max(first, last - 1)
 
     def _close_pass(self, now: float) -> None:
         if self._last is not None and self._counts is not None:
