@@ -16,6 +16,10 @@ Two measured defaults, on this project's 2-core CPU machine with the tiny policy
   default, measured on full-batch passes.
 
 `rhymectl bench spec` and `bench sched` fit the model to the passes they measure (`fit`).
+
+`Roofline` is a different thing: a pass on an accelerator that was not measured, from its
+published peak figures (`H100_7B`), used to estimate what a rollout's passes would cost
+there (`rhymectl bench spec`'s GPU estimate).
 """
 
 from __future__ import annotations
@@ -72,6 +76,62 @@ class CostModel:
 
 DRAFT_COST = CostModel(base_s=0.0085, per_token_s=0.000062)
 SCHED_COST = CostModel(base_s=0.018, per_token_s=0.0002)
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """A target forward pass of a dense model on one accelerator, at peak: the weights are
+    read from memory once per pass, and every scheduled token costs its matmul FLOPs; the
+    pass takes the longer of the two,
+
+        seconds(t) = max(weight_bytes / mem_bytes_per_s, t * flops_per_token / peak_flops)
+
+    memory-bound (flat in t) below `ridge_tokens`, compute-bound above. Not modelled: KV-cache
+    reads (they grow with context and batch), attention FLOPs, kernel launches and the
+    host's scheduling, sampling and drafting between passes. A lower bound on a real pass.
+    Units: bytes, FLOPs, seconds, tokens."""
+
+    name: str
+    weight_bytes: float
+    flops_per_token: float
+    mem_bytes_per_s: float
+    peak_flops: float
+
+    def __post_init__(self):
+        if min(self.weight_bytes, self.flops_per_token, self.mem_bytes_per_s,
+               self.peak_flops) <= 0:
+            raise ValueError(f"roofline constants must be > 0, got {self}")
+
+    @property
+    def weights_s(self) -> float:
+        """Seconds to read the weights once: the memory-bound pass."""
+        return self.weight_bytes / self.mem_bytes_per_s
+
+    @property
+    def ridge_tokens(self) -> float:
+        """Scheduled tokens above which a pass is compute-bound."""
+        return self.weights_s * self.peak_flops / self.flops_per_token
+
+    def pass_seconds(self, scheduled_tokens: float) -> float:
+        return max(self.weights_s, scheduled_tokens * self.flops_per_token / self.peak_flops)
+
+    def estimate_s(self, tokens_per_pass: Sequence[float]) -> float:
+        """Seconds of passes that scheduled these tokens, one after the other."""
+        return sum(self.pass_seconds(t) for t in tokens_per_pass)
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "weight_bytes": self.weight_bytes,
+                "flops_per_token": self.flops_per_token,
+                "mem_bytes_per_s": self.mem_bytes_per_s, "peak_flops": self.peak_flops,
+                "weights_ms": round(self.weights_s * 1e3, 3),
+                "ridge_tokens": round(self.ridge_tokens, 1)}
+
+
+# A 7B dense policy (Qwen2.5-7B: 7.6e9 parameters, bf16) on one H100 SXM. NVIDIA's H100
+# datasheet: HBM3 3.35 TB/s; BF16 Tensor Core 1,979 TFLOPS with sparsity, 989 dense. Weights
+# 2 bytes x 7.6e9 = 15.2 GB; 2 FLOPs per parameter and token. Sources in docs/speculation.md.
+H100_7B = Roofline("H100 SXM, 7B dense bf16, roofline at peak", weight_bytes=15.2e9,
+                   flops_per_token=2 * 7.6e9, mem_bytes_per_s=3.35e12, peak_flops=989e12)
 
 
 def fit(samples: Sequence[tuple[float, float]], fallback: CostModel) -> CostModel:
@@ -233,5 +293,5 @@ def _concave_majorant(pts: list[tuple[float, float]]) -> tuple[list[float], list
     return [p[0] for p in hull], [p[1] for p in hull]
 
 
-__all__ = ["CostModel", "DRAFT_COST", "PassCost", "SCHED_COST", "accept_rate", "bubble_ratio",
-           "fit", "tail_s", "tau"]
+__all__ = ["CostModel", "DRAFT_COST", "H100_7B", "PassCost", "Roofline", "SCHED_COST",
+           "accept_rate", "bubble_ratio", "fit", "tail_s", "tau"]

@@ -40,12 +40,19 @@ def register(app: typer.Typer) -> None:
     "target forward pass), acceptance rate, target passes, scheduled tokens, rollout seconds, "
     "tokens per second, speedup over none, floor_s (the generated tokens at the measured cost "
     "per scheduled token: no per-pass overhead, no rejected drafts) and, at temperature 0, "
-    "whether responses are token-identical to none's. Trains --epochs epochs of CONFIG once "
+    "whether responses are token-identical to none's; per step, the critical path in target "
+    "passes (passes per step, passes until the last request finished, passes in the tail "
+    "where fewer than a quarter of the step's requests run, tau of the last request and in "
+    "the tail) and an estimate of the rollout's time on an H100 for a 7B policy from those "
+    "passes (a roofline model from published peak figures, not a measurement). Trains "
+    "--epochs epochs of CONFIG once "
     "(into --run-dir, reused when it already holds them), checkpointing the policy at each "
     "epoch start; each later epoch's batches are then regenerated from that epoch's "
     "checkpoint, drafting from the epochs before it. `suffix` is vLLM's own method with its "
     "global cache fed the same earlier responses. `none` is always measured (the reference). "
-    "Writes a PNG of tau and speedup, by default RUN_DIR/report/bench-spec.png.\n\n"
+    "Writes a PNG of tau and speedup, by default RUN_DIR/report/bench-spec.png, and one of "
+    "running requests by pass on one step for none, suffix and history+group "
+    "(bench-spec-running.png beside it).\n\n"
     "Example: rhymectl bench spec sample_configs/tiny.yaml data.train_size=128 --epochs 3 --json\n\n"
     "Example: rhymectl bench spec sample_configs/tiny.yaml rollout.temperature=0 "
     "--methods none,suffix,history+group --epochs 2"))
@@ -85,11 +92,15 @@ def spec(
     else:
         _render_spec(result)
     log.print(f"plot: {plot_path}", markup=False, soft_wrap=True)
+    if result.get("running_plot"):
+        log.print(f"running requests by pass: {result['running_plot']}", markup=False,
+                  soft_wrap=True)
 
 
 def _measure(plan, names, config, overrides, plot, repeats=1):
-    from pipeline.bench.figures import write_plot
-    from pipeline.bench.spec import build_work, run_isolated, summarize, workload
+    from pipeline.bench.figures import write_plot, write_running_plot
+    from pipeline.bench.spec import (GPU_MODEL, build_work, figure_step, run_isolated, summarize,
+                                     workload)
     from pipeline.bench.spec_repeats import aggregate, run_order
     from pipeline.drafting.calibration import merge_tables
 
@@ -112,7 +123,11 @@ def _measure(plan, names, config, overrides, plot, repeats=1):
         runs.append({name: results[name] for name in names})
     from transformers import AutoTokenizer
 
-    work = build_work(plan, AutoTokenizer.from_pretrained(plan.cfg.model.path))
+    from pipeline.tasks.chat import PromptEncoder
+
+    encoder = PromptEncoder.from_config(plan.cfg.data,
+                                        AutoTokenizer.from_pretrained(plan.cfg.model.path))
+    work = build_work(plan, encoder)
     temperature = plan.cfg.rollout.temperature
     summary = aggregate([summarize(results, temperature) for results in runs])
     for name in names:
@@ -124,9 +139,23 @@ def _measure(plan, names, config, overrides, plot, repeats=1):
              f"{load['sequences_per_step']} sequences, T={load['temperature']}")
     from pipeline.loop.lock import held
 
+    plot_path = Path(plot or plan.run_dir / "report" / "bench-spec.png")
+    index, shown = figure_step(runs[0])
+    running_path = plot_path.with_name(f"{plot_path.stem}-running.png") if shown else None
     with held(plan.run_dir, "rhymectl bench spec"):  # writes into the run directory
-        plot_path = write_plot(summary, plot or plan.run_dir / "report" / "bench-spec.png", title)
-    return {"methods": summary, "workload": load}, plot_path
+        write_plot(summary, plot_path, title)
+        if shown:
+            step = [sw.step for ew in work for sw in ew.steps][index]
+            write_running_plot(
+                shown, running_path,
+                f"{load['task']}: step {step + 1} (the median critical path under none), "
+                f"{load['sequences_per_step']} sequences, T={load['temperature']}",
+                GPU_MODEL.ridge_tokens, f"{GPU_MODEL.name}: compute-bound above "
+                f"{GPU_MODEL.ridge_tokens:.0f} tokens")
+    result = {"methods": summary, "workload": load, "gpu_model": GPU_MODEL.as_dict()}
+    if running_path is not None:
+        result["running_plot"] = str(running_path)
+    return result, plot_path
 
 
 def _render_spec(result: dict) -> None:
@@ -158,6 +187,7 @@ def _render_spec(result: dict) -> None:
                       spread(m, "vs_suffix", "{:.2f}×"), f"{m['floor_s']:.2f}",
                       f"{m['drafter_frac']:.1%}", same)
     out.print(table)
+    _render_critical_path(result)
     for name, m in result["methods"].items():
         if m.get("draft_sources"):
             shares = ", ".join(f"{k} tree {v:.0%}" for k, v in m["draft_sources"].items())
@@ -171,6 +201,38 @@ def _render_spec(result: dict) -> None:
                 cal.add_row(f"{row['lo']:.2f}–{row['hi']:.2f}", str(row["tried"]),
                             f"{row['predicted']:.3f}", f"{row['observed']:.3f}")
             out.print(cal)
+
+
+def _render_critical_path(result: dict) -> None:
+    """Per method: target passes per step and on the critical path (medians over the
+    measured steps), the tail's passes and taus, and the GPU estimate."""
+    from rich.table import Table
+
+    gpu = result.get("gpu_model")
+    methods = result["methods"]
+    if gpu is None or not any("critical_passes" in m for m in methods.values()):
+        return
+    table = Table(title="target passes per step (medians over steps); tail: fewer than a "
+                        "quarter of the step's requests running")
+    table.caption = (f"GPU est.: an estimate, not a measurement: each pass priced as on "
+                     f"{gpu['name']}, max({gpu['weights_ms']:.2f} ms, scheduled tokens × "
+                     f"{gpu['flops_per_token'] / gpu['peak_flops'] * 1e6:.1f} µs); × is none's "
+                     f"estimate over the method's")
+    # the total passes are in the table above; the tail's GPU seconds in --json
+    for column in ("method", "passes/step", "critical", "tail", "crit. tau", "tail tau",
+                   "GPU est. s", "GPU est. ×"):
+        table.add_column(column, justify="right", no_wrap=True)
+
+    def num(value, fmt):
+        return "–" if value is None else fmt.format(value)
+
+    for name, m in methods.items():
+        table.add_row(name, num(m.get("passes_per_step"), "{:g}"),
+                      num(m.get("critical_passes"), "{:g}"), num(m.get("tail_passes"), "{:g}"),
+                      num(m.get("critical_tau"), "{:.2f}"), num(m.get("tail_tau"), "{:.2f}"),
+                      num(m.get("gpu_estimate_s"), "{:.2f}"),
+                      num(m.get("gpu_estimate_speedup"), "{:.2f}×"))
+    out.print(table)
 
 
 @bench_app.command("sched", help=(

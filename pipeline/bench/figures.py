@@ -1,5 +1,6 @@
-"""The benches' figures: `bench spec`'s bars per method, `bench sched`'s Gantt chart and
-`bench e2e`'s overlaid arms (matplotlib is imported only when drawing)."""
+"""The benches' figures: `bench spec`'s bars per method and its running requests by pass,
+`bench sched`'s Gantt chart and `bench e2e`'s overlaid arms (matplotlib is imported only
+when drawing)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,44 @@ def write_plot(summary: dict[str, dict], path: str | Path, title: str) -> Path:
     axes[2].set(title="rollout seconds vs floor", xticks=list(x))
     axes[2].set_xticklabels(names, rotation=30, ha="right")
     axes[2].legend(fontsize=8)
+    fig.suptitle(title)
+    return write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+
+
+RUNNING_COLORS = {"none": "#4c72b0", "suffix": "#dd8452", "history+group": "#55a868"}
+
+
+def write_running_plot(steps: dict[str, dict], path: str | Path, title: str,
+                       ridge_tokens: float | None = None, ridge_label: str = "") -> Path:
+    """One step as each method ran it (`bench spec`'s step records: per pass its running
+    requests and scheduled tokens): running requests by pass index, with the tail
+    threshold (a quarter of the step's requests) and each method's first tail pass; below,
+    scheduled tokens by pass, with the GPU model's ridge (memory-bound below it)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 7), layout="constrained")
+    ax_run, ax_tok = fig.subplots(2, 1, sharex=True)
+    for name, s in steps.items():
+        color = RUNNING_COLORS.get(name)
+        x = np.arange(len(s["running"]))
+        label = (f"{name}: {s['passes']} passes, {s['tail_passes']} in the tail")
+        ax_run.step(x, s["running"], where="post", color=color, label=label)
+        ax_tok.step(x, s["tokens"], where="post", color=color, label=name)
+        if s["tail_passes"]:
+            ax_run.axvline(s["passes"] - s["tail_passes"], color=color, lw=0.8, ls=":")
+    requests = max((s["requests"] for s in steps.values()), default=0)
+    ax_run.axhline(0.25 * requests, color="black", lw=0.8, ls="--",
+                   label="tail: fewer than 25 % of the requests running")
+    ax_run.set(ylabel="running requests", title="requests scheduled in each pass")
+    ax_run.legend(fontsize=8)
+    if ridge_tokens:
+        ax_tok.axhline(ridge_tokens, color="black", lw=0.8, ls="--", label=ridge_label)
+    ax_tok.set(xlabel="pass index within the step", ylabel="scheduled tokens",
+               title="tokens scheduled in each pass (prefill, decode, draft tokens verified)")
+    ax_tok.set_yscale("log")
+    ax_tok.legend(fontsize=8)
+    for ax in (ax_run, ax_tok):
+        ax.grid(alpha=0.3)
     fig.suptitle(title)
     return write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
 
@@ -132,4 +171,5 @@ def _e2e_phases(ax, arms: dict) -> None:
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
 
 
-__all__ = ["occupancy", "write_e2e_plot", "write_gantt", "write_plot"]
+__all__ = ["RUNNING_COLORS", "occupancy", "write_e2e_plot", "write_gantt", "write_plot",
+           "write_running_plot"]

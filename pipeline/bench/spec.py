@@ -16,6 +16,19 @@ physical limit of that work on this machine), drafter_s / drafter_frac (time ins
 drafter) and, at temperature 0, whether its responses are token-identical to none's.
 rhymectl's drafters also report drafter_{live_in,queries,group_ends}_s: where the drafter's
 time went (`pipeline.drafting.stats.DrafterTimes`), summed over the measured generates.
+
+The critical path, per step (`pipeline.critical_path`; each key is the median over the
+measured steps, KEY_steps the per-step values): passes_per_step, critical_passes (passes
+until the step's last request finished), tail_passes (passes with fewer than 25 % of the
+step's requests running), critical_tau (tau of the request that finished last) and
+tail_tau (tau over the tail passes). On a GPU, where a decode pass costs about the same
+whatever it verifies, these pass counts are what carries over, not this CPU's seconds.
+
+The GPU estimate (`gpu_estimate_*`): the same passes, each priced by a roofline model of
+a named GPU and model size (`pipeline.costs.H100_7B`) from its scheduled tokens: an
+estimate from published peak figures, not a measurement. gpu_estimate_s sums every pass,
+gpu_estimate_tail_s the tail passes, gpu_estimate_speedup is none's over the method's,
+and gpu_estimate_with_drafter_s adds the drafter's time as measured on this machine.
 """
 
 from __future__ import annotations
@@ -28,13 +41,15 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from statistics import median
 from typing import Callable
 
 from pipeline import children
 from pipeline import costs
 from pipeline import distributed as dist
 from pipeline.bench.spec_plan import Plan
-from pipeline.costs import CostModel
+from pipeline.costs import H100_7B, CostModel, Roofline
+from pipeline.critical_path import critical_path
 from pipeline.drafting.stats import DrafterTimes, source_shares
 from pipeline.errors import RuntimeFailure, UsageError
 from pipeline.history.store import HistoryStore, prompt_hash
@@ -45,6 +60,10 @@ from pipeline.tasks.prompts import distinct, eval_prompts, train_rows
 
 PER_METHOD_KEYS = ("tau", "accept_rate", "passes", "scheduled_tokens", "rollout_s", "tok_per_s",
                    "speedup", "floor_s", "identical")
+# per-step counts: KEY (median over steps) and KEY_steps in the summary
+STEP_KEYS = ("passes_per_step", "critical_passes", "tail_passes", "critical_tau", "tail_tau")
+GPU_MODEL: Roofline = H100_7B
+FIGURE_METHODS = ("none", "suffix", "history+group")  # the running-requests figure's
 
 
 @dataclass
@@ -79,8 +98,11 @@ class MethodResult:
     sources: dict | None = None  # rhymectl's drafter: drafts served per tree
     # rhymectl's drafter: seconds by part (`DrafterTimes`) inside the measured generates
     drafter_parts: dict | None = None
+    # per measured step: its critical path (`step_record`)
+    steps: list = field(default_factory=list)
 
     def add(self, counts, seconds: float, groups) -> None:
+        self.steps.append(step_record(counts, groups))
         self.rollout_s += seconds
         for group in groups:
             for c in group:
@@ -99,6 +121,17 @@ class MethodResult:
         """The drafter's `DrafterTimes` of one measured generate."""
         so_far = DrafterTimes(**self.drafter_parts) if self.drafter_parts else DrafterTimes()
         self.drafter_parts = so_far.plus(times).as_dict(6)
+
+
+def step_record(counts, groups) -> dict:
+    """One step's critical path from the engine's pass counts (`PassCounts`) and the
+    step's completions, with its passes' running requests and scheduled tokens."""
+    log = counts.pass_log({c.request_id: len(c.token_ids) for group in groups for c in group})
+    path = critical_path(log)
+    return {"requests": len(log.finish), "passes": path.passes,
+            "critical_passes": path.critical_passes,
+            "tail_passes": path.tail_passes, "critical_tau": path.critical_tau,
+            "tail_tau": path.tail_tau, "running": list(log.running), "tokens": list(log.tokens)}
 
 
 def build_work(plan: Plan, encoder: PromptEncoder) -> list[EpochWork]:
@@ -232,6 +265,7 @@ def summarize(results: dict[str, MethodResult], temperature: float) -> dict[str,
     base = results["none"]
     base_cost = costs.fit(decode_samples(base),
                           CostModel(0.0, base.rollout_s / max(1, base.scheduled_tokens)))
+    base_gpu = GPU_MODEL.estimate_s([t for t, _, _ in base.samples])
     out = {}
     for name, r in results.items():
         decode = r.seq_passes - r.prefill_seq_passes
@@ -254,11 +288,50 @@ def summarize(results: dict[str, MethodResult], temperature: float) -> dict[str,
             "pass_base_ms": round(cost.base_s * 1e3, 3),
             "pass_per_token_ms": round(cost.per_token_s * 1e3, 5),
         }
+        out[name].update(step_summary(r.steps))
+        out[name].update(gpu_estimate(r, base_gpu))
         if r.sources:
             out[name]["draft_sources"] = source_shares(r.sources)
         for part, seconds in (r.drafter_parts or {}).items():
             out[name][f"drafter_{part}_s"] = round(seconds, 3)
     return out
+
+
+def step_summary(steps: list[dict]) -> dict:
+    """STEP_KEYS: the median over steps (of the steps that have a value) and the per-step
+    values (KEY_steps; taus None where undefined: no tail, an unknown length)."""
+    out = {}
+    for key in STEP_KEYS:
+        values = [s["passes" if key == "passes_per_step" else key] for s in steps]
+        known = [v for v in values if v is not None]
+        med = median(known) if known else None
+        out[key] = round(med, 4) if isinstance(med, float) else med
+        out[f"{key}_steps"] = [round(v, 4) if isinstance(v, float) else v for v in values]
+    return out
+
+
+def gpu_estimate(r: MethodResult, base_s: float) -> dict:
+    """The method's passes priced by GPU_MODEL (see the module docstring)."""
+    total = GPU_MODEL.estimate_s([t for t, _, _ in r.samples])
+    # the tail passes are the last tail_passes of each step
+    tail = sum(GPU_MODEL.estimate_s(s["tokens"][len(s["tokens"]) - s["tail_passes"]:])
+               for s in r.steps)
+    return {"gpu_estimate_s": round(total, 4), "gpu_estimate_tail_s": round(tail, 4),
+            "gpu_estimate_speedup": round(base_s / total, 3) if total else 0.0,
+            "gpu_estimate_with_drafter_s": round(total + r.drafter_s, 4),
+            "gpu_estimate_model": GPU_MODEL.name}
+
+
+def figure_step(results: dict[str, MethodResult]) -> tuple[int, dict[str, dict]]:
+    """The measured step the running-requests figure shows, the same for every method: the
+    first whose critical path under none is the (lower) median; and FIGURE_METHODS' records
+    of it. (-1, {}) without steps."""
+    critical = [s["critical_passes"] for s in results["none"].steps]
+    if not critical:
+        return -1, {}
+    i = critical.index(sorted(critical)[(len(critical) - 1) // 2])
+    return i, {name: results[name].steps[i] for name in FIGURE_METHODS
+               if name in results and i < len(results[name].steps)}
 
 
 def decode_samples(r: MethodResult) -> list[tuple[int, float]]:
@@ -288,5 +361,6 @@ def workload(plan: Plan, work: list[EpochWork], results: dict[str, MethodResult]
     }
 
 
-__all__ = ["EpochWork", "MethodResult", "PER_METHOD_KEYS", "StepWork", "build_work",
-           "run_method", "summarize", "workload"]
+__all__ = ["EpochWork", "FIGURE_METHODS", "GPU_MODEL", "MethodResult", "PER_METHOD_KEYS",
+           "STEP_KEYS", "StepWork", "build_work", "figure_step", "gpu_estimate", "run_method",
+           "step_record", "step_summary", "summarize", "workload"]

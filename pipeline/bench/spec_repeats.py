@@ -8,7 +8,9 @@ with a fixed order that would fall on the same method every time. Ratios are tak
 a repeat, then summarised. Per method: the median of every numeric field over the
 repeats, and for `rollout_s` and every ratio (`speedup` over none, `vs_suffix` = own
 rollout_s / suffix's, `drafter_frac`) also the per-repeat values (`KEY_runs`) and their
-min and max (`KEY_min`, `KEY_max`). Pure arithmetic.
+min and max (`KEY_min`, `KEY_max`). Per-step counts (a KEY with its per-step values in
+`KEY_steps`, e.g. critical_passes): KEY_steps holds each step's median over the repeats,
+and KEY the median over every step of every repeat. Pure arithmetic.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Sequence
 
 SPREAD_KEYS = ("rollout_s", "speedup", "vs_suffix", "drafter_frac")
 REFERENCE = "suffix"
+STEPS = "_steps"  # KEY_steps: KEY's per-step values
 
 
 def run_order(names: Sequence[str], repeat: int) -> list[str]:
@@ -57,8 +60,22 @@ def aggregate(repeats: Sequence[dict[str, dict]]) -> dict[str, dict]:
                     merged[f"{key}_runs"] = values
                     merged[f"{key}_min"] = min(values)
                     merged[f"{key}_max"] = max(values)
+        for key in [k for k in runs[0] if k.endswith(STEPS) and k[:-len(STEPS)] in runs[0]]:
+            merged[key[:-len(STEPS)]], merged[key] = _over_steps([m[key] for m in runs])
         out[name] = merged
     return out
+
+
+def _over_steps(per_repeat: Sequence[Sequence]) -> tuple:
+    """(median over every step of every repeat, per-step medians over the repeats); None
+    values (undefined for that step) are left out, and a step without any stays None."""
+    def med(values):
+        known = [v for v in values if v is not None]
+        m = median(known) if known else None
+        return round(m, 4) if isinstance(m, float) else m
+
+    return (med([v for steps in per_repeat for v in steps]),
+            [med(values) for values in zip(*per_repeat)])
 
 
 __all__ = ["REFERENCE", "SPREAD_KEYS", "aggregate", "run_order", "with_vs_suffix"]
