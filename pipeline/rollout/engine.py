@@ -235,7 +235,8 @@ class RolloutEngine:
         c, (generated, requests) = self.last_passes, self.last_output
         out = {"spec_tau": c.tau(generated, requests),
                "spec_accept_rate": c.accept_rate(generated, requests),
-               "spec_drafter_s": c.draft_seconds, "spec_passes": c.passes}
+               "spec_drafter_s": c.draft_seconds, "spec_passes": c.passes,
+               **c.path_metrics()}  # spec_critical_passes, spec_tail_passes
         if self.drafting:
             out.update(self.drafting.stats())
         return out
