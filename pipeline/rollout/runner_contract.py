@@ -34,12 +34,15 @@ SCHEDULER_OUTPUT = ("SchedulerOutput", ("total_num_scheduled_tokens", "num_sched
                                         "scheduled_new_reqs", "scheduled_spec_decode_tokens"))
 SOURCES = {RUNNER_FILE: RUNNER, INPUT_BATCH_FILE: INPUT_BATCH,
            SCHEDULER_OUTPUT_FILE: SCHEDULER_OUTPUT}
+# set by the runner only when speculating: in the source, not on every live runner
+ONLY_WHEN_SPECULATING = ("drafter",)
 
 
 def missing(runner: Any) -> list[str]:
     """Names the adapter needs that `runner` (a live model runner) lacks, as
     'runner.x' / 'runner.input_batch.y'."""
-    out = [f"runner.{name}" for name in RUNNER[1] if not hasattr(runner, name)]
+    out = [f"runner.{name}" for name in RUNNER[1]
+           if name not in ONLY_WHEN_SPECULATING and not hasattr(runner, name)]
     batch = getattr(runner, "input_batch", None)
     if batch is not None:
         out += [f"runner.input_batch.{name}" for name in INPUT_BATCH[1]
