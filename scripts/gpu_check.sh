@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Check the trainer half of the GPU path on one GPU, without vLLM (docs/cluster.md, "GPU check").
+#   scripts/gpu_check.sh [--smoke] [--deepspeed-wheel PATH]
+# The Python is $PYTHON, else the project's .venv, else python3; the checkout is importable
+# without installing it.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [[ -z "${PYTHON:-}" ]]; then
+  if [[ -x "$ROOT/.venv/bin/python" ]]; then PYTHON="$ROOT/.venv/bin/python"; else PYTHON=python3; fi
+fi
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
+exec "$PYTHON" "$ROOT/scripts/gpu_check.py" "$@"
