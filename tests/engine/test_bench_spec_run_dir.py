@@ -1,5 +1,6 @@
 """`rhymectl bench spec` refuses bad epochs and foreign run directories (needs a real model
-directory for the config checks; nothing is trained)."""
+directory for the config checks; nothing is trained), and its critical-path keys come out
+of the real engine's pass meter."""
 
 from __future__ import annotations
 
@@ -27,3 +28,63 @@ def test_cli_refuses_one_epoch_and_foreign_directories(capsys, tmp_path, tiny_mo
     code, err = run_cli(capsys, "bench", "spec", *cfg, "--run-dir", str(other))
     assert code == 2 and "holds no rhymectl run" in err
     assert [p.name for p in other.iterdir()] == ["notes.txt"]
+
+
+def test_critical_path_keys_from_the_real_engine(tiny_model):
+    """One step of 4 prompts x 8 on the real engine without speculation and with
+    history+group (siblings only: no history yet): the meter's pass log agrees with the
+    completions, and the bench's per-step and GPU-estimate keys are there."""
+    from dataclasses import replace
+
+    from transformers import AutoTokenizer
+
+    from pipeline import distributed as dist
+    from pipeline.bench.spec import STEP_KEYS, MethodResult, summarize
+    from pipeline.bench.spec_repeats import aggregate
+    from pipeline.config import load_config
+    from pipeline.critical_path import critical_path
+    from pipeline.rollout.contract import Sampling
+    from pipeline.rollout.engine import RolloutEngine
+    from pipeline.tasks.base import get_task
+
+    cfg = load_config(REPO / "sample_configs/tiny.yaml", [f"model.path={tiny_model}"])
+    tok = AutoTokenizer.from_pretrained(str(tiny_model))
+    prompts = [tok(r["prompt"])["input_ids"] for r in get_task("sort").generate(4, 11)]
+    sampling = Sampling(n=8, temperature=1.0, max_tokens=64, seed=3, logprobs=False)
+    dist.init()  # one 1-rank group for both engines, as the bench does (`run_method`)
+    results = {}
+    for method in ("none", "history+group"):
+        engine = RolloutEngine.from_config(cfg, spec=replace(cfg.spec, method=method))
+        groups = engine.generate(prompts, sampling)
+        counts = engine.last_passes
+        lengths = [len(c.token_ids) for g in groups for c in g]
+        log = counts.pass_log({c.request_id: len(c.token_ids) for g in groups for c in g})
+        path = critical_path(log)
+        # every request joined to its completion, and ran in every pass of its span
+        assert sorted(log.tokens_out) == sorted(lengths) and counts.spans_exact
+        emitted = log.emitted()
+        assert sum(emitted) == sum(lengths)
+        # a pass emits at least one token per running request, at most what it scheduled
+        assert all(r <= e <= t for r, e, t in zip(log.running, emitted, log.tokens))
+        assert path.critical_passes == path.passes == counts.passes  # one plain generate
+        if method == "none":  # one token per request and pass
+            assert emitted == list(log.running) and log.passes == log.tokens_out
+            assert path.critical_passes == max(lengths) and path.critical_tau == 1.0
+            assert path.tail_tau in (None, 1.0)
+        else:
+            assert path.critical_tau >= 1.0
+            metrics = engine.spec_metrics()
+            assert metrics["spec_critical_passes"] == path.critical_passes
+            assert metrics["spec_tail_passes"] == path.tail_passes
+        results[method] = MethodResult(method)
+        results[method].add(counts, 1.0, groups)
+        del engine
+    summary = aggregate([summarize(results, temperature=1.0)])
+    for name, m in summary.items():
+        for key in STEP_KEYS:
+            assert key in m and len(m[f"{key}_steps"]) == 1, (name, key)
+        for key in ("gpu_estimate_s", "gpu_estimate_tail_s", "gpu_estimate_speedup",
+                    "gpu_estimate_with_drafter_s", "gpu_estimate_model"):
+            assert key in m, (name, key)
+        assert m["gpu_estimate_s"] > 0
+    assert summary["none"]["critical_tau"] == 1.0
