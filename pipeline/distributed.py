@@ -8,16 +8,47 @@ import itertools
 import os
 import socket
 from datetime import timedelta
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 import torch.distributed as dist
 
 
 def free_port() -> int:
+    """A TCP port free on every interface (a TCPStore listens on all of them), from the
+    system's ephemeral range."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("", 0))
         return s.getsockname()[1]
+
+
+def job_shape(environ: Mapping[str, str] | None = None, *,
+              slurm: bool = False) -> tuple[int, int] | None:
+    """(ranks in all, ranks per node) of the job this process belongs to, or None.
+
+    torchrun's WORLD_SIZE and LOCAL_WORLD_SIZE when set. With `slurm`, else from Slurm's
+    allocation: SLURM_NNODES nodes x (SLURM_GPUS_ON_NODE GPUs, one rank each, or without
+    GPUs SLURM_NTASKS_PER_NODE tasks). Slurm describes the job a batch script is about to
+    start, not this process (one rank outside torchrun): only a dry run asks for it.
+    """
+    env = os.environ if environ is None else environ
+    if "WORLD_SIZE" in env:
+        world = int(env["WORLD_SIZE"])
+        return world, int(env.get("LOCAL_WORLD_SIZE", world))
+    if not slurm:
+        return None
+    per_node = env.get("SLURM_GPUS_ON_NODE") or env.get("SLURM_NTASKS_PER_NODE")
+    nodes = env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES")
+    if not (per_node and nodes and per_node.isdigit() and nodes.isdigit()) or int(per_node) < 1:
+        return None
+    return int(nodes) * int(per_node), int(per_node)
+
+
+def on_one_node() -> bool:
+    """Every rank of this job runs on this process's node (torchrun's LOCAL_WORLD_SIZE is
+    the whole WORLD_SIZE; ranks are numbered node by node)."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world)) == world
 
 
 def init() -> tuple[int, int]:
@@ -31,6 +62,14 @@ def init() -> tuple[int, int]:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group(backend=backend)
     return dist.get_rank(), dist.get_world_size()
+
+
+def leave() -> None:
+    """Leave the process group, if joined. A rank that stops on bad input calls this:
+    exiting with the group still up can abort in its destructor (SIGABRT, seen with gloo
+    across nodes) while a peer is still finishing the collective that told both to stop."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def bind_cpu_threads() -> None:

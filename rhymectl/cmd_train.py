@@ -26,26 +26,24 @@ def train(
     resume: bool = typer.Option(False, "--resume", help="Continue from the last complete checkpoint."),
     force: bool = typer.Option(False, "--force", help="Replace a run directory that holds a different run."),
     nproc: int = typer.Option(1, "--nproc", min=1, help="Start torchrun with N ranks on this node."),
+    nnodes: Optional[int] = typer.Option(
+        None, "--nnodes", min=1, help="With --dry-run: check for a job of N nodes with --nproc "
+        "ranks each (default: the job's own torchrun or Slurm environment)."),
     json_out: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
     gpu_mem_gib: Optional[float] = typer.Option(
         None, "--gpu-mem-gib", min=1, help="Check the memory plan against GPUs of N GiB "
         "(default: the detected GPU; for a machine without one)."),
 ) -> None:
     from pipeline.config import load_config, to_dict, to_yaml
-    from pipeline.loop.preflight import preflight
+    from pipeline.loop.preflight import job_ranks, preflight
 
     extra = list(overrides or [])
     if run_dir is not None:
         extra.append(f"run.dir={run_dir}")
-    import os
-
     cfg = load_config(config, extra)
     sizing = {} if gpu_mem_gib is None else {"device_gib": gpu_mem_gib}
-    world = nproc if nproc > 1 else int(os.environ.get("WORLD_SIZE", 1))
-    if nproc > 1:  # this process starts the ranks: its own environment does not describe them
-        facts = preflight(cfg, world_size=nproc, local_world=nproc, **sizing)
-    else:
-        facts = preflight(cfg, world_size=world, **sizing)
+    world, per_node = job_ranks(nproc, nnodes, dry_run)
+    facts = preflight(cfg, world_size=world, local_world=per_node, **sizing)
     if dry_run:
         from pipeline.loop.rundir import check_run_dir
         from rhymectl.memory_view import plan_lines, unavailable_line

@@ -20,10 +20,9 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from pipeline import children
+from pipeline import children, distributed
 from pipeline.atomic import write_json_atomic
 from pipeline.config import Config, load_config
-from pipeline.distributed import free_port
 from pipeline.errors import DEBUG_ENV, RuntimeFailure, UsageError
 from pipeline.loop import lock, rundir
 from pipeline.loop.metrics import eval_line, format_line
@@ -46,13 +45,24 @@ def launch(cfg: Config, config_path: Path, overrides: list[str], resume: bool, f
         rundir.check_run_dir(cfg, resume, force)  # fail here, before starting the ranks
         lock.probe(cfg.run.dir)  # rank 0 takes the lock itself
         return spawn(config_path, overrides, resume, force, nproc)
-    return run(cfg, resume, force, view)  # which checks the run directory on every rank
+    return run_rank(cfg, resume, force, view)  # which checks the run directory on every rank
+
+
+def run_rank(cfg: Config, resume: bool, force: bool, view: ViewFactory | None) -> dict | None:
+    """`run` on this rank. A rank that stops on bad input leaves the process group before
+    it exits (it raised between collectives, so it has none in flight)."""
+    try:
+        return run(cfg, resume, force, view)
+    except UsageError:
+        distributed.leave()
+        raise
 
 
 def torchrun_command(nproc: int, module: str, *args: str) -> list[str]:
     """`python -m module args` on `nproc` local ranks under torchrun."""
     return [sys.executable, "-m", TORCHRUN_MODULE, f"--nproc_per_node={nproc}",
-            "--master_addr=127.0.0.1", f"--master_port={free_port()}", "-m", module, *args]
+            "--master_addr=127.0.0.1", f"--master_port={distributed.free_port()}", "-m", module,
+            *args]
 
 
 def torchrun_env() -> dict[str, str]:
@@ -129,7 +139,7 @@ def main(argv: list[str]) -> int:
     try:
         cfg = load_config(Path(config), overrides)
         preflight(cfg, world_size=int(os.environ.get("WORLD_SIZE", 1)))
-        result = run(cfg, "--resume" in rest, "--force" in rest, step_log)
+        result = run_rank(cfg, "--resume" in rest, "--force" in rest, step_log)
     except Exception as exc:  # noqa: BLE001 — a rank's failure becomes its exit code
         if os.environ.get(DEBUG_ENV) == "1":
             raise

@@ -93,8 +93,27 @@ def world_problems(cfg: Config, world_size: int) -> list[str]:
     return out
 
 
+def job_ranks(nproc: int, nnodes: int | None, dry_run: bool) -> tuple[int, int]:
+    """(ranks in all, ranks per node) that the checks hold the config to: `--nproc N` ranks
+    on this node, on each of `--nnodes M` nodes (a dry run on a login node for an M-node
+    job); else the job's environment (torchrun's; for a dry run also Slurm's allocation,
+    `pipeline.distributed.job_shape`); else this one process."""
+    if nnodes is not None:
+        if not dry_run:
+            raise UsageError("--nnodes only describes a multi-node job to --dry-run; start the "
+                             "job itself with one torchrun per node (sample_configs/slurm.sh)")
+        return nnodes * nproc, nproc
+    if nproc > 1:
+        return nproc, nproc
+    from pipeline.distributed import job_shape
+
+    return job_shape(slurm=dry_run) or (1, 1)
+
+
 def check_tp(cfg: Config, world_size: int, local_world: int | None = None) -> None:
-    """The TP groups against the ranks (LOCAL_WORLD_SIZE under torchrun) and the batch."""
+    """The TP groups against the ranks and the ranks per node (`local_world`, else
+    LOCAL_WORLD_SIZE under torchrun, else one node) and the batch: a group must not span
+    nodes, so T must divide the GPUs per node."""
     local = local_world or int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     tp_groups.check(cfg.rollout.tensor_parallel_size, world_size, local,
                     cfg.data.train_batch_size, cfg.train.ppo_mini_batch_size)

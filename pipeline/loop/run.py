@@ -20,7 +20,7 @@ from pipeline.errors import RuntimeFailure, UsageError
 from pipeline.faults import fault
 from pipeline.history import index
 from pipeline.history.store import HistoryStore
-from pipeline.loop import commit, rundir
+from pipeline.loop import commit, rundir, shared_fs
 from pipeline.loop.lock import RunLock, announce
 from pipeline.loop.batches import PromptSource
 from pipeline.loop.context import Context
@@ -58,6 +58,7 @@ def run(cfg: Config, resume: bool, force: bool, view: ViewFactory | None = None)
     rundir.check_run_dir(cfg, resume, force)  # every rank, before rank 0 writes anything
     lock = take_lock(cfg, rank)
     try:
+        shared_fs.check(Path(cfg.run.dir), lock)  # ranks on several nodes: one run.dir?
         rundir.check_run_dir(cfg, resume, force)  # again: a writer may have finished meanwhile
         state = commit.check_resume(Path(cfg.run.dir), world) if resume else None
         dist.barrier()

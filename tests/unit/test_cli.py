@@ -524,7 +524,7 @@ def test_debug_from_the_environment(capsys, monkeypatch):
 
 
 def _raise(exc):
-    def preflight(cfg, world_size):
+    def preflight(cfg, world_size, **_):
         raise exc
     return preflight
 
