@@ -1,10 +1,13 @@
-"""The drafter's global tree: one suffix tree over every prompt's history responses (FIFO-
-capped at `max_responses`) and, when live responses are shared across prompts, the
-running requests' outputs. The format shared across prompts is often the predictable part.
+"""The drafter's global tree: one suffix tree over the prompts' history responses (FIFO-
+capped at `max_responses` responses and `max_tokens` tokens) and, when live responses are
+shared across prompts, the running requests' outputs. The format shared across prompts is
+often the predictable part.
 
 Sequences get int32 ids from one wrapping counter. A history response may enter the tree
 several times (reward-weighted copies); its owner keeps the list of its sequence ids, and
 the cap removes the oldest sequences first, from the tree and from their owner's list.
+The token cap keeps the tree's memory (about 250 bytes a token) independent of response
+lengths: 10,000 responses of 8k tokens would be 80M tokens, some 20 GB.
 """
 
 from __future__ import annotations
@@ -21,30 +24,46 @@ from pipeline.drafting.suffix_tree import Draft, SuffixTree
 class GlobalTree:
     """History of all prompts plus, optionally, live responses, in one suffix tree."""
 
-    def __init__(self, max_depth: int, max_responses: int):
+    def __init__(self, max_depth: int, max_responses: int, max_tokens: int):
         self.tree = SuffixTree(max_depth)
         self.max_responses = max_responses
-        self._fifo: OrderedDict[int, list[int]] = OrderedDict()  # history seq -> its owner's ids
+        self.max_tokens = max_tokens
+        # history seq -> its owner's ids and its tokens, oldest first
+        self._fifo: OrderedDict[int, tuple[list[int], int]] = OrderedDict()
+        self.history_tokens = 0
         self._next = 0
 
     def add_history(self, tokens: np.ndarray, copies: int, owner: list[int]) -> None:
         """Insert a history response `copies` times; its sequence ids are appended to
         `owner` (the caller's list, emptied again by `remove` or the cap)."""
+        for _ in self.add_history_steps(tokens, copies, owner):
+            pass
+
+    def add_history_steps(self, tokens: np.ndarray, copies: int, owner: list[int],
+                          chunk: int = 4096):
+        """`add_history`, one tree call of at most `chunk` tokens at a time (a generator)."""
         for _ in range(copies):
             seq = self._new_seq()
-            self.tree.extend(seq, tokens)
-            self._fifo[seq] = owner
+            self._fifo[seq] = (owner, len(tokens))
+            self.history_tokens += len(tokens)
             owner.append(seq)
+            for a in range(0, len(tokens), chunk):
+                self.tree.extend(seq, tokens[a:a + chunk])
+                yield
 
     def remove(self, seqs: Iterable[int]) -> None:
         for seq in seqs:
             self.tree.remove(seq)
-            self._fifo.pop(seq, None)
+            entry = self._fifo.pop(seq, None)
+            if entry is not None:
+                self.history_tokens -= entry[1]
 
     def cap(self) -> None:
-        """Drop the oldest history sequences beyond `max_responses`."""
-        while len(self._fifo) > self.max_responses:
-            seq, owner = self._fifo.popitem(last=False)
+        """Drop the oldest history sequences beyond `max_responses` or `max_tokens`."""
+        while self._fifo and (len(self._fifo) > self.max_responses
+                              or self.history_tokens > self.max_tokens):
+            seq, (owner, n) = self._fifo.popitem(last=False)
+            self.history_tokens -= n
             self.tree.remove(seq)
             owner.remove(seq)
 

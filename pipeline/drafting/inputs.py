@@ -20,13 +20,20 @@ class DrafterConfig:
     reward_copies: with reward_weighted, the best response of a prompt counts
     1 + reward_copies times and the worst once (linear in between) — RhymeRL's
     reward-aware tree, realised as repeated sequences so the C++ counts carry the weight;
-    max_global_responses: history responses kept in the global tree (FIFO);
+    max_global_responses / max_global_tokens: history kept in the global tree (FIFO, by
+    responses and by tokens: memory follows tokens, some 250 bytes each);
+    global_tokens_per_prompt: a prompt's newest history responses enter the global tree
+    up to this many tokens (at short responses all of them; at 8k-token ones a sample, so
+    a step's prompts do not push 8M tokens through a tree that keeps 1M);
     global_live: with siblings on, live responses also enter the global tree (drafts for
     other prompts' requests). Off by default: it doubles the tree work per live token and,
     measured with `rhymectl bench spec`, the cross-prompt format is already in the global
     tree through the history;
     global_fallback: ask the global tree only when the prompt's own trees offer no draft
-    (default; False: keep whichever draft scores higher).
+    (default; False: keep whichever draft scores higher);
+    background: work the next drafts need but the current ones do not (live tokens into
+    the trees after a pass, ended groups out, trees built ahead) runs in a background
+    thread (`pipeline.drafting.background`); False runs it inline, with the same drafts.
     """
 
     use_history: bool = True
@@ -40,8 +47,11 @@ class DrafterConfig:
     reward_copies: int = 2
     max_cached_prompts: int = 4096
     max_global_responses: int = 10000
+    max_global_tokens: int = 1 << 20
+    global_tokens_per_prompt: int = 1 << 15
     global_live: bool = False
     global_fallback: bool = True
+    background: bool = True
 
     @classmethod
     def for_method(cls, method: str, **kwargs) -> "DrafterConfig":

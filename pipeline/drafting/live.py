@@ -47,11 +47,14 @@ class LiveRequest:
     tree has not received (None: it feeds no prompt-tree sequence); global_seq /
     global_pos: the same for the global tree; own / own_pos: its own tree (created on its
     first draft) and position; pending: where the newest appended tokens start (the own
-    tree, and the prompt tree while the request runs, get tokens up to there only).
+    tree, and the prompt tree while the request runs, get tokens up to there only);
+    sent: (tokens, cap, score) of its last draft; presumed: the draft it would get next pass if
+    all of `sent` and the predicted next token are accepted (the drafter's cache).
     """
 
     __slots__ = ("req_id", "key", "state", "tokens", "base", "keep", "local_seq",
-                 "local_pos", "global_seq", "global_pos", "own", "own_pos", "pending")
+                 "local_pos", "global_seq", "global_pos", "own", "own_pos", "pending",
+                 "sent", "presumed")
 
     def __init__(self, req_id: Hashable, key: str, tokens: list[int], keep: int):
         self.req_id = req_id
@@ -67,6 +70,8 @@ class LiveRequest:
         self.own = None
         self.own_pos: int | None = None
         self.pending = len(tokens)
+        self.sent: tuple[list[int], int, float] | None = None
+        self.presumed = None
 
     @property
     def end(self) -> int:
@@ -121,6 +126,10 @@ class LiveSet:
     def expect(self, key: str, n: int) -> None:
         """`n` requests of prompt `key` form its group."""
         self._expected[key] = n
+
+    def groups(self) -> list[tuple[str, list[LiveRequest]]]:
+        """(prompt key, members) of every current group, in the order they started."""
+        return list(self._groups.items())
 
     def members(self, key: str) -> list[LiveRequest]:
         """The current group of prompt `key` (empty when it has none)."""

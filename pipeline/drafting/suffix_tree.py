@@ -16,7 +16,6 @@ its `Draft` into a plain dataclass, so the rest of `pipeline.drafting` never see
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -25,22 +24,39 @@ from arctic_inference.suffix_decoding._C import SuffixTree as _CSuffixTree
 TokenIds = Sequence[int] | np.ndarray
 
 
-@dataclass(frozen=True)
 class Draft:
     """A speculated continuation.
 
     token_ids: drafted tokens, in order; probs[i]: path probability of token_ids[:i+1]
     under the tree's counts (non-increasing, in (0, 1]); score: sum(probs), the expected
-    number of accepted tokens; match_len: tokens of the context that matched.
+    number of accepted tokens; match_len: tokens of the context that matched. Treated as
+    immutable (a plain slotted class: made once per drafted request and pass, where a
+    frozen dataclass's setattr calls cost as much as the C++ query).
     """
 
-    token_ids: list[int] = field(default_factory=list)
-    probs: list[float] = field(default_factory=list)
-    score: float = 0.0
-    match_len: int = 0
+    __slots__ = ("token_ids", "probs", "score", "match_len")
+
+    def __init__(self, token_ids: list[int] | None = None, probs: list[float] | None = None,
+                 score: float = 0.0, match_len: int = 0):
+        self.token_ids = [] if token_ids is None else token_ids
+        self.probs = [] if probs is None else probs
+        self.score = score
+        self.match_len = match_len
 
     def __len__(self) -> int:
         return len(self.token_ids)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Draft):
+            return NotImplemented
+        return (self.token_ids, self.probs, self.score, self.match_len) == \
+            (other.token_ids, other.probs, other.score, other.match_len)
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return (f"Draft(token_ids={self.token_ids}, probs={self.probs}, score={self.score}, "
+                f"match_len={self.match_len})")
 
 
 EMPTY_DRAFT = Draft()
@@ -115,15 +131,17 @@ class SuffixTree:
         # The C++ loop matches suffixes of length 1 .. len(context) - 1; one extra token
         # lets suffixes of the full tree depth match.
         ctx = context[-(self.max_depth + 1):]
-        args = (int(max_tokens), float(max_spec_factor), float(max_spec_offset),
-                float(min_path_prob), False)
         if isinstance(ctx, np.ndarray):
-            d = self._tree.speculate_ndarray(as_int32(ctx), *args)
+            d = self._tree.speculate_ndarray(as_int32(ctx), int(max_tokens),
+                                             float(max_spec_factor), float(max_spec_offset),
+                                             float(min_path_prob), False)
         else:
-            d = self._tree.speculate(ctx, *args)
-        if not d.token_ids:
+            d = self._tree.speculate(ctx, max_tokens, max_spec_factor, max_spec_offset,
+                                     min_path_prob, False)
+        tokens = d.token_ids  # (a new list at every read)
+        if not tokens:
             return EMPTY_DRAFT
-        return Draft(list(d.token_ids), list(d.probs), float(d.score), int(d.match_len))
+        return Draft(tokens, d.probs, d.score, d.match_len)
 
 
 __all__ = ["Draft", "EMPTY_DRAFT", "SuffixTree", "as_int32"]

@@ -24,14 +24,19 @@ the lock shared, so they never see parquet and meta.json of different writes.
 from __future__ import annotations
 
 import sys
+from bisect import bisect_left
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
+import pyarrow.compute as pc
 
 from pipeline.errors import UsageError
-from pipeline.history.index_file import (FORMAT, INDEX_DIR, Row, fingerprint, locked, mismatch,
-                                         rows_of, verified, write)
+from pipeline.history.index_file import (FORMAT, INDEX_DIR, SCHEMA, Row, fingerprint,
+                                         footer_checked, locked, mismatch, rows_of, verified,
+                                         write)
+from pipeline.history.epochs import last_epochs
 from pipeline.history.store import HistoryStore
 
 # Bytes per response and per prompt besides the int32 tokens, as `responses(as_arrays=True)`
@@ -149,8 +154,11 @@ def build(run_dir: str | Path, model_dir: str | Path, history_epochs: int, *,
                     np.asarray(rec.response_ids, dtype=np.int32)))
                 touched.add(rec.prompt_id)
             for pid in touched:  # keeping the last K epochs step by step = over all of them
-                by_prompt[pid] = _last_epochs(by_prompt[pid], history_epochs)
-        rows = [r for pid in sorted(by_prompt) for r in sorted(by_prompt[pid], key=lambda r: r.epoch)]
+                by_prompt[pid] = last_epochs(by_prompt[pid], history_epochs)
+        # by prompt key, then oldest epoch first (stable: then by step and order): a read
+        # of some prompts' rows (`fetch`) skips the row groups whose key range misses them
+        rows = sorted((r for rs in by_prompt.values() for r in rs),
+                      key=lambda r: (r.prompt_hash, r.epoch, r.step))
         meta = {"format": FORMAT, "fingerprint": fp, "history_epochs": history_epochs,
                 "last_step": new_steps[-1], "rows": len(rows),
                 "tokens": int(sum(len(r.ids) for r in rows)),
@@ -158,14 +166,6 @@ def build(run_dir: str | Path, model_dir: str | Path, history_epochs: int, *,
         meta.update(write(index_dir, rows, meta))
     return _stats(index_dir, rows, meta, store, steps_read=len(new_steps), rebuilt=reason,
                   warning=warning)
-
-
-def _last_epochs(rows: list[Row], k: int) -> list[Row]:
-    epochs = sorted({r.epoch for r in rows})
-    if len(epochs) <= k:
-        return rows
-    keep = set(epochs[-k:])
-    return [r for r in rows if r.epoch in keep]
 
 
 def _source(store: HistoryStore, step: int) -> tuple[int, int, int, int]:
@@ -212,9 +212,45 @@ def load(run_dir: str | Path, model_dir: str | Path | None,
         by_prompt: dict[str, list[Row]] = {}
         for r in rows:
             by_prompt.setdefault(r.prompt_id, []).append(r)
-        rows = [r for pid in by_prompt for r in _last_epochs(by_prompt[pid], history_epochs)]
+        rows = [r for pid in by_prompt for r in last_epochs(by_prompt[pid], history_epochs)]
         meta = {**meta, "history_epochs": history_epochs}
     return HistoryIndex(rows, _stats(index_dir, rows, meta, HistoryStore(run_dir, readonly=True)))
+
+
+def fetch(run_dir: str | Path, keys: Sequence[str], history_epochs: int
+          ) -> tuple[int | None, dict[str, list[Row]]]:
+    """Some prompts' rows of RUN_DIR's index (keys: prompt hashes), the last
+    `history_epochs` epochs of each, oldest first; and the step the index is current to.
+    (None, {}) when the run has no index.
+
+    Only the row groups whose prompt-key range holds one of `keys` are read (the index is
+    sorted by key), so a step's prompts cost a few row groups, not the data set. Checked:
+    meta.json and its copy in the file's footer, the file's size; the full checks (sha256,
+    row and token counts) are `load`'s, made when a run resumes.
+    """
+    run_dir = Path(run_dir)
+    index_dir = run_dir / INDEX_DIR
+    if not (index_dir / "meta.json").exists():
+        return None, {}
+    wanted = sorted(set(keys))
+    with locked(index_dir, exclusive=False):
+        meta, pf = footer_checked(run_dir)
+        col = pf.schema_arrow.get_field_index("prompt_hash")
+        groups = []
+        for g in range(pf.metadata.num_row_groups):
+            stats = pf.metadata.row_group(g).column(col).statistics
+            if stats is None or not stats.has_min_max:
+                groups.append(g)
+                continue
+            i = bisect_left(wanted, stats.min)
+            if i < len(wanted) and wanted[i] <= stats.max:
+                groups.append(g)
+        table = pf.read_row_groups(groups) if groups else SCHEMA.empty_table()
+    table = table.filter(pc.field("prompt_hash").isin(wanted))
+    by_key: dict[str, list[Row]] = {}
+    for r in rows_of(table):
+        by_key.setdefault(r.prompt_hash, []).append(r)
+    return meta["last_step"], {k: last_epochs(rs, history_epochs) for k, rs in by_key.items()}
 
 
 # ------------------------------------------------------------------ helpers
@@ -235,4 +271,4 @@ def _stats(index_dir: Path, rows: list[Row], meta: dict, store: HistoryStore,
         stale_reason=reason, steps_read=steps_read, rebuilt=rebuilt, warning=warning)
 
 
-__all__ = ["INDEX_DIR", "HistoryIndex", "IndexStats", "build", "fingerprint", "load"]
+__all__ = ["INDEX_DIR", "HistoryIndex", "IndexStats", "build", "fetch", "fingerprint", "load"]

@@ -40,7 +40,10 @@ TOKENIZER_FILES = ("merges.txt", "special_tokens_map.json", "tokenizer.json", "t
                    "tokenizer_config.json", "vocab.json", "vocab.txt")
 VOLATILE_CONFIG_KEYS = ("transformers_version", "torch_dtype", "dtype", "_name_or_path")
 META_KEY = b"rhymectl.index"
-CHUNK_TOKENS = 1 << 30  # int32 list offsets: keep each row group's tokens well below 2**31
+# Tokens per row group: well below 2**31 (int32 list offsets), and small enough that a read
+# of a few prompts' rows (`pipeline.history.index.fetch`, rows sorted by prompt key) decodes
+# little besides them: 4M tokens, 16 MB.
+CHUNK_TOKENS = 1 << 22
 
 
 class Row(NamedTuple):
@@ -141,8 +144,8 @@ META_TYPES = {"format": int, "fingerprint": dict, "history_epochs": int, "last_s
                "rows": int, "tokens": int, "sources": list, "sha256": str, "file_bytes": int}
 
 
-def verified(run_dir: Path, fp: dict | None = None, model_dir=None) -> tuple[dict, pa.Table]:
-    """meta.json and the table, every check passed; Corrupt or the mismatch error if not."""
+def _meta(run_dir: Path, fp: dict | None = None, model_dir=None) -> dict:
+    """meta.json, checked for its format, keys and types (and fingerprint, if given)."""
     index_dir = run_dir / INDEX_DIR
     try:
         meta = json.loads((index_dir / "meta.json").read_text())
@@ -162,21 +165,44 @@ def verified(run_dir: Path, fp: dict | None = None, model_dir=None) -> tuple[dic
     if path.stat().st_size != meta["file_bytes"]:
         raise Corrupt(run_dir, f"history.parquet is {path.stat().st_size} bytes, meta.json "
                                 f"says {meta['file_bytes']}")
+    return meta
+
+
+def _check_embedded(run_dir: Path, meta: dict, schema: pa.Schema) -> None:
+    if not schema.equals(SCHEMA, check_metadata=False):
+        raise Corrupt(run_dir, "unexpected columns or types in history.parquet")
+    core = {k: v for k, v in meta.items() if k not in ("sha256", "file_bytes")}
+    try:
+        embedded = json.loads((schema.metadata or {}).get(META_KEY, b"null"))
+    except ValueError:
+        embedded = None
+    if embedded != core:
+        raise Corrupt(run_dir, "meta.json does not match history.parquet")
+
+
+def footer_checked(run_dir: Path) -> tuple[dict, pq.ParquetFile]:
+    """meta.json and the opened history.parquet, the checks that need no full read passed
+    (meta.json's own, the file size, the footer's copy of meta.json)."""
+    meta = _meta(run_dir)
+    try:
+        pf = pq.ParquetFile(run_dir / INDEX_DIR / "history.parquet")
+    except (pa.ArrowException, OSError) as exc:
+        raise Corrupt(run_dir, f"history.parquet unreadable: {_first_line(exc)}") from None
+    _check_embedded(run_dir, meta, pf.schema_arrow)
+    return meta, pf
+
+
+def verified(run_dir: Path, fp: dict | None = None, model_dir=None) -> tuple[dict, pa.Table]:
+    """meta.json and the table, every check passed; Corrupt or the mismatch error if not."""
+    meta = _meta(run_dir, fp, model_dir)
+    path = run_dir / INDEX_DIR / "history.parquet"
     if _sha256(path) != meta["sha256"]:
         raise Corrupt(run_dir, "sha256 of history.parquet differs from meta.json")
     try:
         table = pq.read_table(path)
     except (pa.ArrowException, OSError) as exc:
         raise Corrupt(run_dir, f"history.parquet unreadable: {_first_line(exc)}") from None
-    if not table.schema.equals(SCHEMA, check_metadata=False):
-        raise Corrupt(run_dir, "unexpected columns or types in history.parquet")
-    core = {k: v for k, v in meta.items() if k not in ("sha256", "file_bytes")}
-    try:
-        embedded = json.loads((table.schema.metadata or {}).get(META_KEY, b"null"))
-    except ValueError:
-        embedded = None
-    if embedded != core:
-        raise Corrupt(run_dir, "meta.json does not match history.parquet")
+    _check_embedded(run_dir, meta, table.schema)
     if table.num_rows != meta["rows"] or any(c.null_count for c in table.columns):
         raise Corrupt(run_dir, f"history.parquet holds {table.num_rows} rows (nulls "
                                 f"{sum(c.null_count for c in table.columns)}), meta.json says "
@@ -233,5 +259,5 @@ def _first_line(exc: BaseException) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
-__all__ = ["Corrupt", "FORMAT", "INDEX_DIR", "Row", "SCHEMA", "fingerprint", "locked",
-           "mismatch", "rows_of", "verified", "write"]
+__all__ = ["Corrupt", "FORMAT", "INDEX_DIR", "Row", "SCHEMA", "fingerprint", "footer_checked",
+           "locked", "mismatch", "rows_of", "verified", "write"]

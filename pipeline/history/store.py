@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 from pipeline.atomic import write_atomic
 from pipeline.errors import UsageError
 from pipeline.faults import fault
+from pipeline.history.epochs import last_epochs as last_epochs_of
 
 SCHEMA = pa.schema([
     ("prompt_id", pa.string()),
@@ -238,11 +239,25 @@ class HistoryStore:
         by_prompt: dict[str, list[RolloutRecord]] = defaultdict(list)
         for rec in _to_records(self._scan(filter=cond)):
             by_prompt[rec.prompt_id].append(rec)
-        out = {}
-        for pid, recs in by_prompt.items():
-            keep = set(sorted({r.epoch for r in recs})[-last_epochs:])
-            out[pid] = [r for r in recs if r.epoch in keep]
-        return out
+        return {pid: last_epochs_of(recs, last_epochs) for pid, recs in by_prompt.items()}
+
+    def read_prompts(self, step: int, keys: Sequence[str]
+                     ) -> list[tuple[str, int, int, np.ndarray, float]]:
+        """One step's rows of the prompts `keys` (prompt hashes), as (prompt_hash, epoch,
+        step, int32 response ids, reward), in appended order; [] when the step has no file."""
+        path = self.path(step)
+        if not path.is_file():
+            return []
+        table = self._read(path, ["prompt_hash", "epoch", "step", "reward", "response_ids"],
+                           pc.field("prompt_hash").isin(list(keys)))
+        ids = table["response_ids"]
+        lengths = pc.list_value_length(ids).to_numpy(zero_copy_only=False).astype(np.int64)
+        values = pc.list_flatten(ids).to_numpy(zero_copy_only=False).astype(np.int32)
+        ends = np.cumsum(lengths)
+        cols = table.select(["prompt_hash", "epoch", "step", "reward"]).to_pydict()
+        return [(key, epoch, s, values[end - n:end], reward) for key, epoch, s, reward, n, end
+                in zip(cols["prompt_hash"], cols["epoch"], cols["step"], cols["reward"],
+                       lengths.tolist(), ends.tolist())]
 
     def groups_by_step(self) -> dict[int, set[tuple[str, int]]]:
         """step -> the (prompt_id, epoch) pairs it trained on, reading three columns only."""

@@ -64,7 +64,11 @@ class ProposerStats:
     emitted: int = 0
     drafted: int = 0
     accepted: int = 0
-    propose_seconds: float = 0.0
+    propose_seconds: float = 0.0  # in `propose`, the parts below and the Python around them
+    wait_seconds: float = 0.0  # waiting for the last pass's background work
+    update_seconds: float = 0.0  # the pass's tokens recorded, requests started
+    budget_seconds: float = 0.0  # draft lengths allocated
+    draft_seconds: float = 0.0  # drafts asked of the trees (with any feeding they need)
 
     @property
     def tau(self) -> float:
@@ -126,10 +130,12 @@ class RhymeProposer:
             return [[] for _ in range(rows)]
         start = time.perf_counter()
         stats = self.stats
+        drafter, budget, active = self.drafter, self.budget, self._active
+        waited = drafter.settle()  # the last pass's background work
+        settled = time.perf_counter()
         req_ids = self._runner.input_batch.req_ids
         if len(req_ids) != rows:
             req_ids = req_ids[:rows]
-        drafter, budget, active = self.drafter, self.budget, self._active
         lens = list(map(len, sampled_token_ids))
         room = self.max_model_len - 1 - np.asarray(num_tokens_no_spec[:rows])
         room = np.maximum(np.minimum(room, self.max_spec_tokens), 0).tolist()
@@ -141,32 +147,41 @@ class RhymeProposer:
         else:
             cand_rows, cand_ids, available = self._admit(
                 req_ids, lens, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, room)
+        updated = time.perf_counter()
         out: list[list[int]] = [[] for _ in range(rows)]
         drafted = 0
         if isinstance(budget, CriticalBudget):
+            allocated = updated  # (the critical budget sizes and drafts together)
             drafted = self._propose_critical(req_ids, cand_rows, cand_ids, available, rows, out)
-            alloc = ()
         else:
             # Budget first: in a full batch most requests get no draft tokens, and asking
             # the trees only for the tokens granted keeps the drafter's cost where it pays.
             alloc = budget.allocate_ids(cand_ids, available, batch_size=rows)
-        if any(alloc):
-            proposed = self._proposed
-            for j, k in enumerate(alloc):
-                if k:
-                    i = j if cand_rows is None else cand_rows[j]
-                    tokens = drafter.draft(req_ids[i], k).token_ids
+            allocated = time.perf_counter()
+            if any(alloc):
+                proposed = self._proposed
+                for j, tokens in enumerate(drafter.draft_many(cand_ids, alloc)):
                     if tokens:
+                        i = j if cand_rows is None else cand_rows[j]
                         out[i] = list(tokens)
                         proposed[req_ids[i]] = len(tokens)
                         drafted += len(tokens)
+        drafts_done = time.perf_counter()
         if len(active) > rows or cand_rows is not None:
             seen = set(req_ids)
             for req_id in [r for r in active if r not in seen]:
                 self._stop(req_id)
+        # this pass's tokens into the trees while the GPU runs the next pass, and (caps that
+        # do not move) the next drafts worked out for the outcome the trees expect
+        drafter.after_pass(presume=isinstance(budget, TreeBudget))
         stats.passes += 1
         stats.drafted += drafted
-        stats.propose_seconds += time.perf_counter() - start
+        end = time.perf_counter()
+        stats.propose_seconds += end - start
+        stats.wait_seconds += waited
+        stats.update_seconds += updated - settled
+        stats.budget_seconds += allocated - updated
+        stats.draft_seconds += drafts_done - allocated
         return out
 
     def _propose_critical(self, req_ids, cand_rows, cand_ids, available, rows, out) -> int:

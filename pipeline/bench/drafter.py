@@ -1,0 +1,344 @@
+"""`rhymectl bench drafter`: what drafting costs per target pass at production shape,
+rhymectl's drafter against vLLM's suffix proposer, on the same synthetic token streams.
+
+Both proposers are driven as vLLM's model runner drives them (`pipeline.bench.drafter_sim`),
+each on its own copy of one RL step of `pipeline.bench.drafter_workload`: `live` requests,
+`group` per prompt, log-normal lengths, spans repeated across siblings and epochs at the
+`rhyme` rate. rhymectl's drafter is the training path: `Drafting` (`pipeline.rollout.
+speculation`) is given the step's history (`remember`), builds the step's trees
+(`prepare`, timed as build_s) and serves `RhymeProposer.propose` with the shipped
+settings (`spec.method: history+group`, budget `tree`). vLLM's `SuffixDecodingProposer`
+runs with vLLM's defaults, its global cache warmed with the same history (the responses
+a persistent engine would have cached, its strongest setting; warm-up timed as build_s).
+
+A whole step at 512 x 8k tokens is thousands of passes, so a window is simulated: the
+first call hands every request its first `start` output tokens (untimed), then `passes`
+timed passes follow. Between passes the "GPU" sleeps `gpu_ms` (the GIL released, as the
+runner waiting on CUDA): rhymectl's drafter does the work the next drafts need but these
+did not in that time, in a background thread (`pipeline.drafting.background`). The two
+proposers alternate `window` passes at a time, the order rotating by repeat, and each
+repeat rebuilds both from scratch; a pass's time is the median over repeats (the
+simulation is deterministic, so pass i is the same work in every repeat), and the report
+gives the median and p99 over passes.
+
+Reported per proposer: per_pass_ms (time inside `propose`: what the pass waits for), tau
+(tokens per sequence and pass) and accept_rate (accepted / drafted tokens) over the timed
+passes, build_s and history_bytes (resident memory the history added: RSS growth while
+building, in the first repeat, plus the int32 arrays the drafter keeps of it). For
+rhymectl's drafter also its parts (wait for background work, tokens recorded, budget,
+drafts) and background_ms (the work moved off the critical path, per pass).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import time
+from dataclasses import dataclass, replace
+from types import SimpleNamespace
+from typing import Callable
+
+import numpy as np
+
+from pipeline.bench import drafter_workload as wl
+from pipeline.bench.drafter_sim import InputBatch, Lane
+from pipeline.errors import UsageError
+
+Progress = Callable[[str, int], None]  # (what is running, passes just done)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one `bench drafter` run measures: one workload per --live value."""
+
+    shapes: tuple[wl.Shape, ...]
+    passes: int = 200
+    repeats: int = 3
+    k: int = 8
+    start: int | None = None  # output tokens before the window [mean_len // 4]
+    window: int = 10
+    gpu_ms: float = 20.0
+    inline: bool = False  # also measure rhymectl's drafter with its background work inline
+
+    @property
+    def lanes(self) -> tuple[str, ...]:
+        return ("ours", "ours-inline", "suffix") if self.inline else ("ours", "suffix")
+
+    def start_of(self, shape: wl.Shape) -> int:
+        return shape.mean_len // 4 if self.start is None else self.start
+
+    @property
+    def total_passes(self) -> int:
+        return len(self.lanes) * self.passes * self.repeats * len(self.shapes)
+
+
+def make_plan(live: list[int], group: int, mean_len: int, vocab: int, rhyme: float,
+              history_epochs: int, seed: int, passes: int, repeats: int, k: int = 8,
+              start: int | None = None, window: int = 10, gpu_ms: float = 20.0,
+              inline: bool = False) -> Plan:
+    """The plan, every bad value refused at once (UsageError naming each and its fix)."""
+    errors = []
+    if not live or any(n < 1 for n in live):
+        errors.append("--live: give positive request counts, e.g. --live 512 or 128,512")
+    elif any(n % group for n in live) if group >= 1 else False:
+        errors.append(f"--live {','.join(map(str, live))}: each must be a multiple of "
+                      f"--group {group} (live / group prompts run whole groups)")
+    if group < 1:
+        errors.append(f"--group {group}: need at least 1 response per prompt")
+    if not 16 <= mean_len <= 16384:
+        errors.append(f"--mean-len {mean_len}: give 16 .. 16384 tokens")
+    if not 1000 <= vocab <= 1 << 20:
+        errors.append(f"--vocab {vocab}: give 1000 .. 1048576 token ids")
+    if not 0.0 <= rhyme <= 1.0:
+        errors.append(f"--rhyme {rhyme}: give a rate in [0, 1]")
+    if history_epochs < 1:
+        errors.append(f"--history-epochs {history_epochs}: need at least 1")
+    if passes < 1 or repeats < 1:
+        errors.append(f"--passes {passes} / --repeats {repeats}: need at least 1 each")
+    if k < 1:
+        errors.append(f"--k {k}: need at least 1 draft token")
+    if start is not None and not 0 <= start <= 4 * mean_len:
+        errors.append(f"--start {start}: give 0 .. 4 x --mean-len output tokens")
+    if window < 1 or gpu_ms < 0:
+        errors.append(f"--window {window} / --gpu-ms {gpu_ms}: need window >= 1, gpu-ms >= 0")
+    if errors:
+        raise UsageError("; ".join(errors))
+    shapes = tuple(wl.Shape(live=n, group=group, mean_len=mean_len, vocab=vocab, rhyme=rhyme,
+                            history_epochs=history_epochs, seed=seed) for n in live)
+    return Plan(shapes, passes, repeats, k, start, window, gpu_ms, inline)
+
+
+# ------------------------------------------------------------------ the two proposers
+
+def rss_bytes() -> int:
+    """Resident memory of this process (0 where /proc is missing)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+@dataclass
+class Side:
+    """One proposer on one step: its lane, what building its history cost, and for
+    rhymectl's drafter its per-pass parts."""
+
+    lane: Lane
+    build_s: float
+    rss_growth: int
+    close: Callable[[], None]
+    parts: dict[str, list[float]] | None = None
+    drafting: object = None
+
+
+def _history_records(work: wl.Workload) -> list[SimpleNamespace]:
+    from pipeline.history.store import prompt_hash
+
+    return [SimpleNamespace(prompt_hash=prompt_hash(prompt), epoch=e, step=e, response_ids=ids,
+                            reward=0.0)
+            for prompt, hist in zip(work.prompts, work.history) for e, ids in hist]
+
+
+def build_ours(work: wl.Workload, batch: InputBatch, k: int, max_model_len: int,
+               start: int, background: bool = True) -> Side:
+    from pipeline.config.schema import SpecConfig
+    from pipeline.rollout.proposer import RhymeProposer
+    from pipeline.rollout.speculation import Drafting
+
+    config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k),
+                             model_config=SimpleNamespace(max_model_len=max_model_len))
+    runner = SimpleNamespace(input_batch=batch, drafter=RhymeProposer(config))
+    spec = SpecConfig(method="history+group", num_speculative_tokens=k,
+                      history_epochs=work.shape.history_epochs)
+    drafting = Drafting(runner, spec, background=background)
+    drafting.remember(_history_records(work))
+    prompts = [p.tolist() for p in work.prompts]
+    before = rss_bytes()
+    t0 = time.perf_counter()
+    drafting.prepare(prompts)
+    drafting.ready()
+    build_s = time.perf_counter() - t0
+    growth = rss_bytes() - before
+    drafting.before(prompts, work.shape.group)
+    proposer, drafter = drafting.proposer, drafting.drafter
+    parts: dict[str, list[float]] = {n: [] for n in ("wait", "update", "budget", "draft",
+                                                     "background")}
+    names = (("wait", "wait_seconds"), ("update", "update_seconds"),
+             ("budget", "budget_seconds"), ("draft", "draft_seconds"))
+
+    busy = [0.0]  # background seconds when the last call returned
+
+    def propose(sampled):
+        s = proposer.stats
+        was = [getattr(s, a) for _, a in names]
+        out = proposer.propose(sampled, batch.num_tokens_no_spec, batch.token_ids_cpu)
+        for (n, a), w in zip(names, was):
+            parts[n].append((getattr(s, a) - w) * 1e3)
+        # the last pass's background job finished before this call drafted
+        now = drafter.background_busy_s
+        parts["background"].append((now - busy[0]) * 1e3)
+        busy[0] = now
+        return out
+
+    lane = Lane("ours" if background else "ours-inline", work, batch, propose, start)
+    return Side(lane, build_s, growth, drafter.close, parts, drafting)
+
+
+def build_suffix(work: wl.Workload, batch: InputBatch, k: int, max_model_len: int,
+                 start: int) -> Side:
+    from pipeline.rollout.speculation import suffix_proposer, warm_suffix_proposer
+
+    proposer = suffix_proposer(k, max_model_len)
+    before = rss_bytes()
+    t0 = time.perf_counter()
+    warm_suffix_proposer(proposer, [(prompt, ids) for prompt, hist in zip(work.prompts, work.history)
+                                    for _, ids in hist])
+    build_s = time.perf_counter() - t0
+    growth = rss_bytes() - before
+    lane = Lane("suffix", work, batch, lambda sampled: proposer.propose(k, batch, sampled), start)
+    return Side(lane, build_s, growth, lambda: None)
+
+
+# ------------------------------------------------------------------ measuring
+
+BUILDERS = {"ours": build_ours,
+            "ours-inline": lambda *a: build_ours(*a, background=False),
+            "suffix": build_suffix}
+
+
+def measure_point(plan: Plan, shape: wl.Shape, progress: Progress) -> dict:
+    """Every lane on `shape`, `plan.repeats` times; one point of the report."""
+    start = plan.start_of(shape)
+    upto = start + (plan.passes + 2) * (plan.k + 1)
+    progress(f"workload {shape.live} x {shape.mean_len}", 0)
+    work = wl.make(shape, upto=upto, min_len=start + 1)
+    width = shape.prompt_len + upto + plan.k + 2
+    max_model_len = shape.prompt_len + shape.max_len + plan.k + 1
+    logs: dict[str, list] = {name: [] for name in plan.lanes}
+    parts: dict[str, list] = {name: [] for name in plan.lanes}
+    first: dict[str, dict] = {}
+    for rep in range(plan.repeats):
+        sides = {}
+        for name in plan.lanes:
+            progress(f"{shape.live} live: building {name} [{rep + 1}/{plan.repeats}]", 0)
+            gc.collect()
+            sides[name] = BUILDERS[name](work, InputBatch(shape.live, width), plan.k,
+                                         max_model_len, start)
+        shift = rep % len(plan.lanes)  # the order rotates: A B C, B C A, ...
+        order = plan.lanes[shift:] + plan.lanes[:shift]
+        for name in order:
+            sides[name].lane.fast_forward()
+        # as vLLM's engine does after its warm-up: what exists now is never scanned again
+        gc.collect()
+        gc.freeze()
+        done = {name: 0 for name in order}
+        while any(done[n] < plan.passes and sides[n].lane.live for n in order):
+            for name in order:
+                want = min(plan.window, plan.passes - done[name])
+                ran = sides[name].lane.run(want, plan.gpu_ms / 1e3) if want > 0 else 0
+                done[name] += ran
+                progress(f"{shape.live} live: {name} [{rep + 1}/{plan.repeats}]", ran)
+        gc.unfreeze()
+        if rep == 0:
+            first = {name: _first_repeat(side) for name, side in sides.items()}
+        for name, side in sides.items():
+            logs[name].append(side.lane.log)
+            parts[name].append(side.parts)
+            side.close()
+        del sides
+        gc.collect()
+    return _point(plan, shape, work, start, logs, parts, first)
+
+
+def _first_repeat(side: Side) -> dict:
+    out = {"build_s": side.build_s, "rss_growth": side.rss_growth}
+    if side.drafting is not None:
+        drafter = side.drafting.drafter
+        stats = drafter.stats()
+        out.update(tree_bytes=stats.tree_bytes, history_tokens=stats.history_tokens,
+                   sources=drafter.sources(), presumed_hits=drafter.presumed_hits)
+    return out
+
+
+def _per_pass(series: list[list[float]]) -> np.ndarray:
+    """Per pass, the median over repeats (passes every repeat ran)."""
+    n = min(len(x) for x in series)
+    return np.median(np.array([x[:n] for x in series]), axis=0) if n else np.zeros(0)
+
+
+def _spread(ms: np.ndarray) -> dict:
+    if not len(ms):
+        return {"median": None, "p99": None, "mean": None}
+    return {"median": round(float(np.median(ms)), 4),
+            "p99": round(float(np.percentile(ms, 99)), 4),
+            "mean": round(float(np.mean(ms)), 4)}
+
+
+def _point(plan: Plan, shape: wl.Shape, work: wl.Workload, start: int, logs: dict,
+           parts: dict, first: dict) -> dict:
+    out = {"live": shape.live, "prompts": shape.prompts, "start_token": start,
+           "history_tokens": work.history_tokens}
+    for name in plan.lanes:
+        ms = _per_pass([log.ms for log in logs[name]])
+        n = len(ms)
+        log = logs[name][0]
+        side = {"per_pass_ms": _spread(ms),
+                "per_pass_cpu_ms": _spread(_per_pass([lg.cpu_ms for lg in logs[name]])),
+                "per_pass_ms_by_repeat": [round(float(np.median(lg.ms)), 4)
+                                          for lg in logs[name]],
+                "passes": n, "tau": round(log.tau, 4), "accept_rate": round(log.accept_rate, 4),
+                "drafted_per_pass": round(float(np.mean(log.drafted)), 2) if log.drafted else 0.0,
+                "build_s": round(first[name]["build_s"], 3),
+                "history_bytes": int(first[name]["rss_growth"])}
+        if name.startswith("ours"):
+            side["history_bytes"] += 4 * first[name]["history_tokens"]
+            side["tree_bytes"] = int(first[name]["tree_bytes"])
+            side["sources"] = first[name]["sources"]
+            side["presumed_hits"] = first[name]["presumed_hits"]
+            # parts: every propose call, the untimed first one included; the timed are last
+            side["parts_ms"] = {part: round(float(np.median(_per_pass(
+                [p[part][-n:] for p in parts[name]]))), 4)
+                for part in ("wait", "update", "budget", "draft")}
+            side["background_ms"] = _spread(_per_pass([p["background"][-n:]
+                                                       for p in parts[name]]))
+        side["rows"] = [int(r) for r in log.rows[:n]]
+        side["ms"] = [round(float(x), 4) for x in ms]
+        out[name] = side
+    ours, suffix = out["ours"]["per_pass_ms"]["median"], out["suffix"]["per_pass_ms"]["median"]
+    out["ours_over_suffix"] = round(ours / suffix, 4) if ours and suffix else None
+    return out
+
+
+def run(plan: Plan, progress: Progress = lambda what, n: None) -> dict:
+    """Every point of the plan; the report (JSON-ready, no paths)."""
+    load_before = os.getloadavg()
+    points = [measure_point(plan, shape, progress) for shape in plan.shapes]
+    load_after = os.getloadavg()
+    s = plan.shapes[-1]
+    report = {
+        "workload": {"live": [p.live for p in plan.shapes], "group": s.group,
+                     "mean_len": s.mean_len, "vocab": s.vocab, "rhyme": s.rhyme,
+                     "history_epochs": s.history_epochs, "seed": s.seed,
+                     "prompt_len": s.prompt_len, "k": plan.k, "passes": plan.passes,
+                     "repeats": plan.repeats, "window": plan.window, "gpu_ms": plan.gpu_ms,
+                     "lanes": list(plan.lanes),
+                     "budget": "tree", "method": "history+group"},
+        "window": (f"a window of at most {plan.passes} decode passes, from output token "
+                   f"{plan.start_of(s)} of every request on (the rollout's first passes are "
+                   f"not simulated)"),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "platform": platform.platform(terse=True),
+                    "loadavg_before": [round(x, 2) for x in load_before],
+                    "loadavg_after": [round(x, 2) for x in load_after]},
+        "points": points,
+    }
+    last = points[-1]
+    for name in plan.lanes:
+        report[name] = last[name]
+    report["ours_over_suffix"] = last["ours_over_suffix"]
+    return report
+
+
+__all__ = ["Plan", "make_plan", "measure_point", "rss_bytes", "run"]
