@@ -316,14 +316,20 @@ class GroupDrafter:
     def draft(self, req_id: Hashable, max_tokens: int) -> Draft:
         """Best draft of at most `max_tokens` tokens for a running request."""
         self._bg.wait()
-        return self._draft(req_id, max_tokens)
+        req = self._live.running.get(req_id)
+        if req is None or max_tokens <= 0:
+            return EMPTY_DRAFT
+        return self._drafts_of([req], [max_tokens])[0]
 
     def draft_many(self, req_ids: Sequence[Hashable], caps: Sequence[int]) -> list[list[int]]:
         """The token ids of `draft(r, k)` for each (request, cap) pair ([] where k is 0):
         one pass's drafts in one call."""
         self._bg.wait()
-        one = self._draft
-        return [one(r, k).token_ids if k > 0 else [] for r, k in zip(req_ids, caps)]
+        running = self._live.running
+        reqs = [running.get(r) if k > 0 else None for r, k in zip(req_ids, caps)]
+        asked = [(req, k) for req, k in zip(reqs, caps) if req is not None]
+        drafts = iter(self._drafts_of([r for r, _ in asked], [k for _, k in asked]))
+        return [[] if req is None else next(drafts).token_ids for req in reqs]
 
     def after_pass(self, presume: bool = False) -> None:
         """A pass's drafts are out: what the next pass's drafts need and these did not —
@@ -342,36 +348,46 @@ class GroupDrafter:
         """Wait for the background work; returns the seconds waited."""
         return self._bg.wait()
 
-    def _draft(self, req_id: Hashable, max_tokens: int) -> Draft:
-        req = self._live.running.get(req_id)
-        if req is None or max_tokens <= 0:
-            return EMPTY_DRAFT
-        p = self._prompts[req.key]
+    def _drafts_of(self, reqs: list[LiveRequest], caps: list[int]) -> list[Draft]:
+        """Drafts of running requests (caps > 0). First every tree they read gets what it
+        lacks (a prompt's group once per change of the live set), then each is drafted:
+        feeding one prompt's tree changes no other's drafts, so this is draft by draft."""
+        prompts, live, cfg = self._prompts, self._live, self.config
         t0 = time.perf_counter()
-        tree = self._prompt_tree(p)
-        version = self._live.version
-        if p.fed != version:
-            p.feed(self._live.members(p.key), version)
-        if not self.config.use_siblings:
-            self._feed_own(req)
+        version = live.version
+        for req in reqs:
+            p = prompts[req.key]
+            if p.tree is None:
+                self._prompt_tree(p)
+            if p.fed != version:
+                p.feed(live.members(p.key), version)
+            if not cfg.use_siblings:
+                self._feed_own(req)
         t1 = time.perf_counter()
-        context = req.context()
-        pre = req.presumed
-        if pre is not None and pre[0] == max_tokens and pre[1] == self._versions(req, tree) \
-                and pre[2] == context:
-            best, source = pre[3], pre[4]  # worked out after the last pass, trees unchanged
-            self.presumed_hits += 1
-        else:
-            best, source = self._query(req, p, tree, max_tokens, context)
-        req.sent, req.presumed = (best.token_ids, max_tokens, best.score), None
+        out = []
+        wins, global_tree = self._wins, self._global.tree
+        for req, cap in zip(reqs, caps):
+            p = prompts[req.key]
+            tree = p.tree
+            context = req.context()
+            pre = req.presumed
+            if pre is not None and pre[0] == cap and pre[2] == context and \
+                    pre[1] == (tree.version, global_tree.version,
+                               -1 if req.own is None else req.own.version):
+                best, source = pre[3], pre[4]  # worked out after the last pass, trees unchanged
+                self.presumed_hits += 1
+            else:
+                best, source = self._query(req, p, tree, cap, context)
+            req.sent, req.presumed = (best.token_ids, cap, best.score), None
+            if best.token_ids:
+                self._drafts += 1
+                self._drafted_tokens += len(best.token_ids)
+                wins[source] += 1
+            out.append(best)
         times = self._times
         times.live_in += t1 - t0
         times.queries += time.perf_counter() - t1
-        if best.token_ids:
-            self._drafts += 1
-            self._drafted_tokens += len(best.token_ids)
-            self._wins[source] += 1
-        return best
+        return out
 
     def _versions(self, req: LiveRequest, tree: SuffixTree) -> tuple[int, int, int]:
         """What a draft depends on besides context and cap: the versions of its trees."""

@@ -23,8 +23,8 @@ class DrafterConfig:
     max_global_responses / max_global_tokens: history kept in the global tree (FIFO, by
     responses and by tokens: memory follows tokens, some 250 bytes each);
     global_tokens_per_prompt: a prompt's newest history responses enter the global tree
-    up to this many tokens (at short responses all of them; at 8k-token ones a sample, so
-    a step's prompts do not push 8M tokens through a tree that keeps 1M);
+    up to this many tokens (at short responses all of them; at 8k-token ones one, so a
+    step's prompts do not push 8M tokens through a tree that keeps a quarter million);
     global_live: with siblings on, live responses also enter the global tree (drafts for
     other prompts' requests). Off by default: it doubles the tree work per live token and,
     measured with `rhymectl bench spec`, the cross-prompt format is already in the global
@@ -47,8 +47,8 @@ class DrafterConfig:
     reward_copies: int = 2
     max_cached_prompts: int = 4096
     max_global_responses: int = 10000
-    max_global_tokens: int = 1 << 20
-    global_tokens_per_prompt: int = 1 << 15
+    max_global_tokens: int = 1 << 18
+    global_tokens_per_prompt: int = 1 << 13
     global_live: bool = False
     global_fallback: bool = True
     background: bool = True

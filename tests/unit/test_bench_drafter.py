@@ -1,0 +1,94 @@
+"""`rhymectl bench drafter`: the synthetic workload is a function of its seed, and a small
+shape runs end to end with sane output (no timing assertions: timing is the bench's)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pipeline.bench import drafter_workload as wl
+from rhymectl.app import main
+
+SMALL = wl.Shape(live=32, group=8, mean_len=300, vocab=3000, rhyme=0.5, seed=11)
+
+
+def _same(a: wl.Workload, b: wl.Workload) -> bool:
+    return (all(np.array_equal(x, y) for x, y in zip(a.prompts, b.prompts))
+            and all(e == f and np.array_equal(x, y) for ha, hb in zip(a.history, b.history)
+                    for (e, x), (f, y) in zip(ha, hb))
+            and all(np.array_equal(x, y) for pa, pb in zip(a.planned, b.planned)
+                    for x, y in zip(pa, pb))
+            and a.lengths == b.lengths)
+
+
+def test_the_workload_is_a_function_of_its_seed():
+    a, b = wl.make(SMALL, upto=200, min_len=50), wl.make(SMALL, upto=200, min_len=50)
+    assert _same(a, b)
+    c = wl.make(wl.Shape(**{**SMALL.__dict__, "seed": 12}), upto=200, min_len=50)
+    assert not _same(a, c)
+    # any response on its own is the one the whole workload holds, whatever came first
+    alone = wl.response(SMALL, 3, 1, 5)
+    assert np.array_equal(alone, a.history[3][1 * SMALL.group + 5][1])
+    assert np.array_equal(wl.response(SMALL, 3, 2, 0, n=200)[:len(a.planned[3][0])],
+                          a.planned[3][0])
+
+
+def test_the_workload_has_its_shape():
+    w = wl.make(SMALL, upto=120, min_len=80)
+    assert len(w.prompts) == SMALL.live // SMALL.group == len(w.history)
+    assert all(len(h) == SMALL.history_epochs * SMALL.group for h in w.history)
+    assert all(min(n) >= 80 for n in w.lengths)
+    assert all(len(p) == min(n, 120) for ps, ns in zip(w.planned, w.lengths)
+               for p, n in zip(ps, ns))
+    ids = np.concatenate([ids for h in w.history for _, ids in h])
+    assert ids.min() >= 0 and ids.max() < SMALL.vocab
+    lengths = [len(ids) for h in w.history for _, ids in h]
+    assert 0.7 * SMALL.mean_len < np.mean(lengths) < 1.3 * SMALL.mean_len
+    # spans repeat across siblings: far more shared 8-grams than chance gives
+    def grams(x):
+        return {tuple(x[i:i + 8]) for i in range(len(x) - 8)}
+    a, b = w.history[0][0][1], w.history[0][1][1]
+    assert len(grams(a) & grams(b)) > 0.1 * min(len(a), len(b))
+
+
+def run_cli(capsys, *args) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+    out = capsys.readouterr()
+    return exit_info.value.code, out.out, out.err
+
+
+def test_a_small_shape_runs_and_reports_both_proposers(capsys, tmp_path):
+    code, out, err = run_cli(capsys, "bench", "drafter", "--live", "8,16", "--group", "4",
+                             "--mean-len", "128", "--vocab", "3000", "--passes", "6",
+                             "--repeats", "2", "--window", "3", "--gpu-ms", "1", "--json",
+                             "--out", str(tmp_path))
+    assert code == 0, err
+    report = json.loads(out)
+    for name in ("ours", "suffix"):
+        side = report[name]
+        assert 0 < side["per_pass_ms"]["median"] <= side["per_pass_ms"]["p99"]
+        assert 1.0 <= side["tau"] <= 9.0 and 0.0 <= side["accept_rate"] <= 1.0
+        assert side["build_s"] > 0 and side["passes"] == 6
+    assert report["ours"]["history_bytes"] > 0 and report["ours"]["tree_bytes"] > 0
+    assert set(report["ours"]["parts_ms"]) == {"wait", "update", "budget", "draft"}
+    assert [p["live"] for p in report["points"]] == [8, 16]
+    assert len(report["machine"]["loadavg_before"]) == 3
+    assert report["plot"] == "bench-drafter-8-16x128.png"
+    saved = (tmp_path / "bench-drafter-8-16x128.json").read_text()
+    assert json.loads(saved)["ours"] == report["ours"]
+    assert str(tmp_path) not in saved  # no absolute paths
+    assert (tmp_path / "bench-drafter-8-16x128.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--live", "30", "--group", "16"], "multiple of --group 16"),
+    (["--live", "512", "--mean-len", "40000"], "--mean-len 40000"),
+    (["--live", "five"], "--live 'five'"),
+])
+def test_bad_shapes_are_refused_in_one_line(capsys, tmp_path, args, words):
+    code, _, err = run_cli(capsys, "bench", "drafter", *args, "--out", str(tmp_path / "o"))
+    assert code == 2 and words in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
