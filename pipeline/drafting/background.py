@@ -18,6 +18,7 @@ the optional part runs in full.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
@@ -41,8 +42,19 @@ class Background:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._cut = False  # a waiter asks the running job to stop at its optional part
+        self._pid = os.getpid()
+
+    def _after_fork(self) -> None:
+        """A forked child has no worker thread: queued jobs run inline from now on."""
+        if self._pid != os.getpid():
+            self._pid, self._thread, self.enabled = os.getpid(), None, False
+            self._cond = threading.Condition()
+            jobs, self._jobs, self._pending = list(self._jobs), deque(), 0
+            for job in jobs:
+                self._run(job)
 
     def submit(self, job: Job) -> None:
+        self._after_fork()
         if not self.enabled:
             self._run(job)
             return
@@ -70,6 +82,7 @@ class Background:
 
     def wait(self) -> float:
         """Block until every submitted job has finished; returns the seconds waited."""
+        self._after_fork()
         if self._pending == 0 and self._error is None:
             return 0.0
         t0 = time.perf_counter()

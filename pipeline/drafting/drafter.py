@@ -83,6 +83,9 @@ from pipeline.drafting.stats import DrafterStats, DrafterTimes, source_shares
 from pipeline.drafting.suffix_tree import EMPTY_DRAFT, Draft, SuffixTree
 
 JANITOR_TOKENS = 16384  # ended-sequence tokens removed per pass, off the critical path
+# Context tokens the presumed next token is guessed from: a guess is only checked, never
+# drafted, and the tree's match loop costs the square of the context's length.
+GUESS_CONTEXT = 8
 HistoryLookup = Callable[[list[str]], Mapping[str, Sequence[HistoryResponse]]]
 
 
@@ -485,9 +488,9 @@ class GroupDrafter:
             if tree is None:
                 continue
             context = req.tokens[-req.keep:] + tokens  # all of the draft accepted
-            guess = tree.speculate(context, *args)
+            guess = tree.speculate(context[-GUESS_CONTEXT:], *args)
             if not guess.token_ids and req.own is not None:
-                guess = req.own.speculate(context, *args)
+                guess = req.own.speculate(context[-GUESS_CONTEXT:], *args)
             if guess.token_ids:
                 context = (context + guess.token_ids)[-req.keep:]  # and the next token
                 best, source = self._query(req, p, tree, cap, context)
