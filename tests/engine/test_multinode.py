@@ -2,16 +2,20 @@
 rendezvous on 127.0.0.1), each running the library's rank entry point as a multi-node job
 does, must write the run directory that a 2-rank single-node run writes with the same seed.
 
-Equal means every file of the two run directories, by relative path: the same set of
-files; byte for byte the same, except
-  - `.writer.lock` (the holder's host and pid),
-  - `metrics.jsonl`, `eval.jsonl` and the history's parquet rows, which must be equal
-    without their wall-clock fields (`pipeline.loop.audit`: `time_*`, `*_s`, `*_per_s`,
-    `gen_seconds`) and the timing-derived `rollout_bubble_ratio` (idle share of the
-    rollout's wall time, 0 to 1, both runs checked for that range),
-  - `checkpoints/*/state.json`, equal without `pid` (the committing process),
-  - the DeepSpeed shards under `checkpoints/*/ds/`, which must have the same names and
-    sizes (their pickles are not compared byte for byte).
+Equal means: the same set of files, by relative path, each byte for byte the same, except
+  - `.writer.lock`: not compared (the holder's host and pid);
+  - `metrics.jsonl`, `eval.jsonl`, `history/*.parquet`: the same rows without wall-clock
+    fields (`time_*`, `*_s`, `*_per_s`, `gen_seconds`) and without `rollout_bubble_ratio`
+    (the idle share of the rollout's wall time; checked to lie in [0, 1]);
+  - `checkpoints/*/state.json`: equal without `pid` and without the sha256 and byte length
+    of the metrics and eval prefixes it covers (those files hold wall-clock fields; the
+    row counts must agree);
+  - `index/meta.json`: equal without `sources` (the step files' mtimes and inodes) and
+    `sha256` (of `index/history.parquet`, whose schema metadata repeats `sources`);
+    `index/history.parquet`: the same rows;
+  - `*.safetensors` (policy weights, RNG states): the same tensors bit for bit and the same
+    metadata (the header lists metadata keys in an order that varies between processes);
+  - the DeepSpeed shards under `checkpoints/*/ds/`: the same names and sizes.
 Both runs take `run.dir=run` relative to their own working directory, so their configs
 (and fingerprints) are the same file. `sched.policy=static` and `spec.method=none` keep
 each rank's rollout batch independent of timing (the dynamic placement and the draft
@@ -34,7 +38,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.distributed import free_port
-from pipeline.loop import audit, launch
+from pipeline.loop import launch
 from pipeline.loop.lock import LOCK_FILE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,7 +48,7 @@ SETTINGS = ["data.train_batch_size=4", "train.ppo_mini_batch_size=2", "rollout.n
             "rollout.max_tokens=48", "data.max_prompt_length=24", "data.eval_size=4",
             "train.total_steps=2", "run.checkpoint_every=1", "sched.policy=static",
             "spec.method=none", "run.dir=run"]
-TIMING = {"rollout_bubble_ratio"}  # beyond audit's wall-clock fields
+TIMING = {"rollout_bubble_ratio"}  # timing-derived, besides the wall-clock fields
 
 
 def env() -> dict[str, str]:
@@ -106,11 +110,61 @@ def files(run_dir: Path) -> dict[str, int]:
             for p in sorted(run_dir.rglob("*")) if p.is_file()}
 
 
+def timeless(row: dict) -> dict:
+    return {k: v for k, v in row.items()
+            if not (k.startswith("time_") or k.endswith(("_s", "_per_s")) or k == "gen_seconds"
+                    or k in TIMING)}
+
+
 def rows(run_dir: Path) -> dict[str, list[dict]]:
-    """History, metrics and eval rows without wall-clock fields (`audit.snapshot`) and
-    without TIMING."""
-    return {name: [{k: v for k, v in r.items() if k not in TIMING} for r in table]
-            for name, table in audit.snapshot(run_dir).items()}
+    """History (step by step), metrics and eval rows, as `timeless` keeps them."""
+    history = [r for path in sorted((run_dir / "history").glob("step-*.parquet"))
+               for r in pq.read_table(path).to_pylist()]
+    logs = {name: [json.loads(line) for line in
+                   (run_dir / f"{name}.jsonl").read_text().splitlines()]
+            for name in ("metrics", "eval")}
+    return {name: [timeless(r) for r in table] for name, table in
+            {"history": history, **logs}.items()}
+
+
+def without(d: dict, *paths: str) -> dict:
+    """`d` without the dotted `paths` ("covers.metrics.sha256")."""
+    d = json.loads(json.dumps(d))
+    for path in paths:
+        *parents, last = path.split(".")
+        node = d
+        for key in parents:
+            node = node[key]
+        node.pop(last, None)
+    return d
+
+
+def same_file(name: str, a: Path, b: Path) -> bool:
+    """`a` and `b` are equal as the module docstring defines it for a file called `name`."""
+    skip = ()
+    if name.endswith("state.json"):
+        skip = ("pid", "covers.metrics.sha256", "covers.metrics.bytes", "covers.eval.sha256",
+                "covers.eval.bytes")
+    elif name == "index/meta.json":
+        skip = ("sources", "sha256")
+    if skip:
+        return without(json.loads(a.read_text()), *skip) == \
+            without(json.loads(b.read_text()), *skip)
+    if name == "index/history.parquet":
+        return pq.read_table(a).to_pylist() == pq.read_table(b).to_pylist()
+    if name.endswith(".safetensors"):
+        return tensors(a) == tensors(b)
+    if "/ds/" in name:
+        return a.stat().st_size == b.stat().st_size
+    return a.read_bytes() == b.read_bytes()
+
+
+def tensors(path: Path) -> tuple[dict, dict]:
+    """(metadata, name -> the tensor's raw bytes) of a safetensors file."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as fh:
+        return fh.metadata(), {k: fh.get_tensor(k).numpy().tobytes() for k in fh.keys()}
 
 
 def test_two_nodes_write_the_run_directory_of_one_node_with_two_ranks(runs):
@@ -124,28 +178,18 @@ def test_two_nodes_write_the_run_directory_of_one_node_with_two_ranks(runs):
             "checkpoints/step-000002/rng-rank1.safetensors"} <= set(want)
     shards = [f for f in want if "/ds/" in f]
     assert any("rank_1" in f for f in shards), shards  # both ranks wrote optimizer shards
-    for name in want:
-        a, b = single / name, nodes / name
-        if name == LOCK_FILE:
-            continue
-        if name.endswith("state.json"):
-            state = [{k: v for k, v in json.loads(p.read_text()).items() if k != "pid"}
-                     for p in (a, b)]
-            assert state[0] == state[1], name
-            assert state[1]["world_size"] == 2
-        elif "/ds/" in name:
-            assert want[name] == got[name], name
-        elif name in ("metrics.jsonl", "eval.jsonl") or name.startswith("history/"):
-            continue  # row by row below
-        else:
-            assert a.read_bytes() == b.read_bytes(), name
+    rowwise = {"metrics.jsonl", "eval.jsonl"} | {f for f in want if f.startswith("history/")}
+    differ = [name for name in want if name not in rowwise | {LOCK_FILE}
+              and not same_file(name, single / name, nodes / name)]
+    assert differ == []
     assert rows(single) == rows(nodes)
     for run_dir in runs:
         for line in (run_dir / "metrics.jsonl").read_text().splitlines():
             assert 0.0 <= json.loads(line)["rollout_bubble_ratio"] <= 1.0
-    assert [json.loads(line)["step"] for line in
-            (nodes / "metrics.jsonl").read_text().splitlines()] == [1, 2]
-    assert len(pq.read_table(nodes / "history/step-000001.parquet")) == 4 * 4  # both ranks'
+    assert [r["step"] for r in rows(nodes)["metrics"]] == [1, 2]
+    assert len(rows(nodes)["history"]) == 2 * 4 * 4  # both ranks' rollouts, each step
+    state = json.loads((nodes / "checkpoints/step-000002/state.json").read_text())
+    assert state["world_size"] == 2
 
 
 def test_a_node_that_does_not_share_run_dir_stops_every_rank_at_start_up(tiny_model, tmp_path):
