@@ -286,6 +286,7 @@ def sched(
 ) -> None:
     from pipeline.bench.figures import write_gantt
     from pipeline.bench.sched import BenchSetup, bench_json, run_bench
+    from pipeline.sched.settings import PlacementSettings
     from rhymectl.parsing import check_spec, parse_policies
     from pipeline.sched.trace import read_trace, trace_from_history
 
@@ -305,10 +306,12 @@ def sched(
 
         columns = parse_columns(trace_columns)
     lengths = trace_from_history(run_dir) if trace is None else read_trace(trace, columns, tokenizer)
+    settings = PlacementSettings(chunk_tokens=chunk_tokens, migrate_gap=migrate_gap,
+                                 tier2_workers_frac=tier2_workers_frac,
+                                 tier2_max_seqs=tier2_max_seqs)
     setup = BenchSetup(policies=names, workers=workers, spec=spec, capacity=capacity,
-                       requests_per_worker=requests_per_worker, chunk_tokens=chunk_tokens,
-                       epoch=epoch, seed=seed, tier2_workers_frac=tier2_workers_frac,
-                       tier2_max_seqs=tier2_max_seqs, migrate_gap=migrate_gap, jobs=jobs)
+                       requests_per_worker=requests_per_worker, settings=settings, epoch=epoch,
+                       seed=seed, jobs=jobs)
     if simulate:
         with _simulating(len(names)) as advance:
             results = run_bench(lengths, setup, on_done=advance)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pipeline.config.methods import METHODS
 from pipeline.errors import UsageError
 from pipeline.sched.load import SPEC_COST_MODELS
-from pipeline.sched.placement import policy_names
+from pipeline.sched.registry import policy_names
 
 
 def _names(text: str) -> list[str]:

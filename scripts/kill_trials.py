@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline.loop import audit  # noqa: E402
+import run_audit as audit  # noqa: E402  (next to this script)
 
 # Small enough for a shared 2-core box; any of it can be overridden on the command line.
 SMALL = ["data.train_batch_size=2", "train.ppo_mini_batch_size=2", "rollout.n=2",

@@ -1,5 +1,6 @@
 """What a run directory holds, row by row, to compare an interrupted run with an
-uninterrupted one (the fault-point tests, `scripts/kill_trials.py`).
+uninterrupted one (`scripts/kill_trials.py`, and the engine tests of fault points and
+multi-node runs, which import it from here).
 
 A snapshot keeps what a resumed run must reproduce and drops what it cannot: wall-clock
 seconds (`gen_seconds`, `time_*`, `*_s`, rates per second).

@@ -1,8 +1,8 @@
 """What better length knowledge would buy seer and tier 2 on production-shaped steps.
 
-On the step scripts/sched_targets.py draws (`pipeline.sched.synth`, chunk 1,024), seer and
+On the step scripts/sched_targets.py draws (`sched_lab.synth`, chunk 1,024), seer and
 every tier-2 setting (reserved share x sequences per reserved worker) run with the
-predictions of each knowledge level (`pipeline.sched.knowledge`): the history predictor's,
+predictions of each knowledge level (`sched_lab.knowledge`): the history predictor's,
 the group's true mean and longest length (more than any per-prompt predictor can know),
 and every response's true length. Per level: makespan and the share of the oracle's gap
 to the ideal bound it closes (the target is half: docs/scheduling.md), and seer's last 10 % of the
@@ -20,10 +20,11 @@ from dataclasses import replace
 
 from pipeline.bench.sched import BenchSetup, sim_inputs, step_groups
 from pipeline.sched.events import simulate_events
-from pipeline.sched.knowledge import LEVELS, with_knowledge
 from pipeline.sched.load import SPEC_COST_MODELS
-from pipeline.sched.placement import make_policy
-from pipeline.sched.synth import Shape, production_trace
+from pipeline.sched.registry import make_policy
+from pipeline.sched.settings import PlacementSettings
+from sched_lab.knowledge import LEVELS, with_knowledge
+from sched_lab.synth import Shape, production_trace
 
 TIER2_GRID = [(frac, seqs) for frac in (0.0625, 0.125, 0.25, 0.5, 0.75) for seqs in (1, 2, 4, 8)]
 
@@ -39,7 +40,8 @@ def main() -> None:
     trace = production_trace(Shape(prompts=max(800, 2 * args.requests // 8)), args.seed)
     rpw = math.ceil(args.requests / args.workers)
     setup = BenchSetup(policies=("seer", "tier2", "oracle"), workers=args.workers, spec=args.spec,
-                       requests_per_worker=rpw, chunk_tokens=args.chunk_tokens, seed=args.seed)
+                       requests_per_worker=rpw,
+                       settings=PlacementSettings(chunk_tokens=args.chunk_tokens), seed=args.seed)
     groups, predictor = step_groups(trace, setup)
     inputs = {spec: sim_inputs(setup, predictor, spec) for spec in {args.spec, "none"}}
 

@@ -18,10 +18,11 @@ import numpy as np
 
 from pipeline.bench.sched import BenchSetup, sim_inputs, step_groups
 from pipeline.sched.events import simulate_events
-from pipeline.sched.placement import make_policy
-from pipeline.sched.synth import Shape, production_trace
-from pipeline.sched.tail import TailBatching, simulate_tail
+from pipeline.sched.registry import make_policy
+from pipeline.sched.settings import PlacementSettings
 from pipeline.sched.types import GroupWork
+from sched_lab.synth import Shape, production_trace
+from sched_lab.tail import TailBatching, simulate_tail
 
 POLICIES = ("static", "histopipe", "tier2", "seer", "oracle")
 STEPS = 8  # tail batching: deferred prompts come back (pinned after 2 waits); 2 windows of 4
@@ -34,7 +35,7 @@ def one(workers: int, requests: int, spec: str, chunk: int, seed: int) -> dict:
     trace = production_trace(Shape(prompts=max(800, 2 * requests // 8)), seed)
     rpw = math.ceil(requests / workers)
     setup = BenchSetup(policies=POLICIES, workers=workers, spec=spec, requests_per_worker=rpw,
-                       chunk_tokens=chunk, seed=seed)
+                       settings=PlacementSettings(chunk_tokens=chunk), seed=seed)
     groups, predictor = step_groups(trace, setup)
     config, params = sim_inputs(setup, predictor)
     out = {name: simulate_events(make_policy(name, params), groups, config) for name in POLICIES}

@@ -1,6 +1,6 @@
 """How fast the event-driven simulator replays a production-scale step.
 
-100,000 requests (12,500 prompts x 8, production-shaped lengths: `pipeline.sched.synth`)
+100,000 requests (12,500 prompts x 8, production-shaped lengths: `sched_lab.synth`)
 over 1,024 workers, every placement policy, chunks of --chunk-tokens. Prints one line per
 policy: first the wall time of all of them as `rhymectl bench sched --simulate` runs them,
 in --jobs processes (0: one per CPU core); then each one's time and makespan, one after
@@ -21,17 +21,18 @@ import time
 
 from pipeline.bench.sched import BenchSetup, sim_inputs, simulate_policies, step_groups
 from pipeline.sched.events import simulate_events
-from pipeline.sched.placement import make_policy, policy_names
+from pipeline.sched.registry import make_policy, policy_names
+from pipeline.sched.settings import PlacementSettings
 from pipeline.sched.simulator import simulate
-from pipeline.sched.synth import Shape, production_trace
+from sched_lab.synth import Shape, production_trace
 
 
 def step(requests: int, workers: int, chunk: int, spec: str, seed: int):
     shape = Shape(prompts=math.ceil(requests / 8), n=8)
     trace = production_trace(shape, seed)
     setup = BenchSetup(policies=tuple(policy_names()), workers=workers, spec=spec,
-                       requests_per_worker=math.ceil(requests / workers), chunk_tokens=chunk,
-                       seed=seed)
+                       requests_per_worker=math.ceil(requests / workers),
+                       settings=PlacementSettings(chunk_tokens=chunk), seed=seed)
     groups, predictor = step_groups(trace, setup)
     return groups, *sim_inputs(setup, predictor)
 

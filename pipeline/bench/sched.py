@@ -16,39 +16,36 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from pipeline.config.schema import RolloutConfig, SchedConfig
 from pipeline.errors import UsageError
 from pipeline.sched.load import SPEC_COST_MODELS
-from pipeline.sched.placement import make_policy, step_params
 from pipeline.sched.predictor import LengthPredictor
 from pipeline.sched.events import simulate_events
+from pipeline.sched.registry import make_policy
+from pipeline.sched.settings import PlacementParams, PlacementSettings
 from pipeline.sched.simulator import SimConfig, SimResult, no_cyclic_gc
 from pipeline.sched.trace import Trace, draw_groups
-from pipeline.sched.types import GroupWork, PlacementParams
+from pipeline.sched.types import GroupWork
 
 METRICS = ("makespan_s", "ideal_s", "makespan_over_ideal", "over_oracle", "bubble_ratio", "tail_s")
 
 
 @dataclass(frozen=True)
 class BenchSetup:
+    """One bench step: `workers` rollout workers, each drawn `requests_per_worker`
+    requests and running `capacity` at a time; `settings`: the placement knobs, as training
+    takes them from the `sched` config section."""
+
     policies: tuple[str, ...]
     workers: int
     spec: str = "none"
-    capacity: int = 256
-    requests_per_worker: int = 64
-    chunk_tokens: int = 64
+    capacity: int = RolloutConfig().max_num_seqs
+    requests_per_worker: int = SchedConfig().sim_requests_per_worker
+    settings: PlacementSettings = PlacementSettings()
     prompt_tokens: int = 16
     epoch: int | None = None
     seed: int = 0
-    tier2_workers_frac: float = 0.125  # as sched.tier2_workers_frac
-    tier2_max_seqs: int = 8  # as sched.tier2_max_seqs
-    migrate_gap: int | None = None  # as sched.migrate_gap (None: auto)
     jobs: int = 1  # processes the policies run in (0: one per CPU core, at most one per policy)
-
-    @property
-    def knobs(self) -> dict:
-        """The placement settings training takes from the `sched` config section."""
-        return {"tier2_workers_frac": self.tier2_workers_frac,
-                "tier2_max_seqs": self.tier2_max_seqs, "migrate_gap": self.migrate_gap}
 
 
 def step_groups(trace: Trace, setup: BenchSetup) -> tuple[list[GroupWork], LengthPredictor]:
@@ -76,8 +73,8 @@ def sim_inputs(setup: BenchSetup, predictor: LengthPredictor,
     cost = SPEC_COST_MODELS[spec or setup.spec]
     config = SimConfig(workers=setup.workers, capacity=setup.capacity,
                        prompt_tokens=setup.prompt_tokens, cost=cost)
-    params = step_params(predictor, setup.requests_per_worker, chunk_tokens=setup.chunk_tokens,
-                         capacity=setup.capacity, cost=cost, **setup.knobs)
+    params = setup.settings.step_params(predictor, setup.requests_per_worker,
+                                        capacity=setup.capacity, cost=cost)
     return config, params
 
 

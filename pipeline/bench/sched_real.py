@@ -2,7 +2,9 @@
 rollout workers. Started by the command under torchrun (one rank per worker):
 
     python -m pipeline.bench.sched_real RUN_DIR OUT_JSON POLICIES SPEC REQUESTS_PER_WORKER
-        CHUNK_TOKENS CAPACITY SEED [EPOCH]
+        CHUNK_TOKENS CAPACITY SEED TIER2_WORKERS_FRAC TIER2_MAX_SEQS MIGRATE_GAP [EPOCH]
+
+(MIGRATE_GAP 0: auto, as `sched.migrate_gap: null`.)
 
 The step is drawn exactly as the simulated bench draws it (`step_groups`: the replay
 epoch's groups, predictions from the epochs before), its prompts come from the run's data
@@ -37,7 +39,8 @@ from pipeline.history import index
 from pipeline.loop.sched_runtime import measured_cost, rollout
 from pipeline.loop.step import sampling
 from pipeline.rollout.engine import RolloutEngine
-from pipeline.sched.placement import make_policy, step_params
+from pipeline.sched.registry import make_policy
+from pipeline.sched.settings import PlacementSettings
 from pipeline.sched.simulator import SimConfig, SimResult, simulate
 from pipeline.sched.trace import trace_from_history
 from pipeline.tasks.prompts import distinct, train_rows
@@ -49,11 +52,11 @@ def main(argv: list[str]) -> None:
     run_dir = Path(run_dir)
     rank, world = dist.init()
     cfg = load_config(run_dir / "config.yaml", [f"spec.method={spec_method}"])
+    settings = PlacementSettings(chunk_tokens=int(chunk), migrate_gap=int(gap) or None,
+                                 tier2_workers_frac=float(frac), tier2_max_seqs=int(seqs))
     setup = BenchSetup(policies=tuple(policies.split(",")), workers=world, spec=spec_method,
-                       capacity=int(capacity), requests_per_worker=int(rpw),
-                       chunk_tokens=int(chunk), epoch=int(rest[0]) if rest else None, seed=int(seed),
-                       tier2_workers_frac=float(frac), tier2_max_seqs=int(seqs),
-                       migrate_gap=int(gap) or None)
+                       capacity=int(capacity), requests_per_worker=int(rpw), settings=settings,
+                       epoch=int(rest[0]) if rest else None, seed=int(seed))
     groups, predictor = step_groups(trace_from_history(run_dir), setup)
     groups = [replace(g, lengths=None) for g in groups]  # real runs find out the lengths
     text = {p.id: p.text for p in distinct(train_rows(cfg.data))}
@@ -70,8 +73,7 @@ def main(argv: list[str]) -> None:
         if loaded is not None:
             engine.drafting.load_history(loaded.responses(as_arrays=True))
     step_sampling = replace(sampling(cfg, 0), n=groups[0].n)
-    params = step_params(predictor, setup.requests_per_worker, chunk_tokens=setup.chunk_tokens,
-                         capacity=setup.capacity, **setup.knobs)
+    params = settings.step_params(predictor, setup.requests_per_worker, capacity=setup.capacity)
     # warm-up (unmeasured): CPU kernels see their shapes once before any policy is timed;
     # its passes give the cost model the policies place with, as a step's give training's
     store = CoordinationStore(cfg.sched.store_timeout_s)

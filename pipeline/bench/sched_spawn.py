@@ -20,10 +20,11 @@ def run_real(run_dir: Path, setup) -> tuple[dict, dict]:
     out = Path(run_dir) / "report" / f".bench-sched-real-{os.getpid()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.unlink(missing_ok=True)
+    knobs = setup.settings
     args = [str(run_dir), str(out), ",".join(setup.policies), setup.spec,
-            str(setup.requests_per_worker), str(setup.chunk_tokens), str(setup.capacity),
-            str(setup.seed), str(setup.tier2_workers_frac), str(setup.tier2_max_seqs),
-            str(setup.migrate_gap or 0)] + (
+            str(setup.requests_per_worker), str(knobs.chunk_tokens), str(setup.capacity),
+            str(setup.seed), str(knobs.tier2_workers_frac), str(knobs.tier2_max_seqs),
+            str(knobs.migrate_gap or 0)] + (
                 [] if setup.epoch is None else [str(setup.epoch)])
     cmd = torchrun_command(setup.workers, "pipeline.bench.sched_real", *args)
     code = children.run(cmd, env=torchrun_env(), stdout=sys.stderr)  # stdout: the --json object

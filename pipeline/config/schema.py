@@ -127,14 +127,15 @@ class TailBatchingConfig:
 class SchedConfig:
     """Placement of one step's rollout work over the rollout workers."""
 
-    policy: Literal["auto", "static", "histopipe", "tier2", "seer"] = "auto"  # auto: seer when W > 1
+    # the placement registry's training policies (pipeline.sched.registry); auto: seer when W > 1
+    policy: Literal["auto", "static", "histopipe", "tier2", "seer"] = "auto"
     chunk_tokens: int = positive(64)
     tier2_workers_frac: float = field(default=0.125, metadata=_check(  # tier2: reserved workers
         "a number in [0, 1)", lambda v: 0 <= v < 1))
     tier2_max_seqs: int = positive(8)  # tier2: sequences per reserved worker
     # a continuation moves to the least-loaded worker when that runs at least this many
     # fewer requests (seer; histopipe's overrunning responses); null: from the requests per
-    # worker (pipeline.sched.placement.auto_migrate_gap; measured in docs/scheduling.md)
+    # worker (pipeline.sched.settings.auto_migrate_gap; measured in docs/scheduling.md)
     migrate_gap: Optional[int] = positive(None)
     sim_requests_per_worker: int = positive(64)
     tail_batching: TailBatchingConfig = field(default_factory=TailBatchingConfig)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.config import Config
+from pipeline.config.schema import SchedConfig
 from pipeline.history.store import HistoryStore
 from pipeline.loop.batches import PromptSource
 from pipeline.loop.loggers import Loggers
@@ -14,6 +15,7 @@ from pipeline.loop.scheduled import ScheduledRollout
 from pipeline.loop.tail_queue import TailQueue
 from pipeline.loop.tp_groups import TPLayout
 from pipeline.rollout.contract import RolloutBackend
+from pipeline.sched.registry import RolloutPlacement
 from pipeline.tasks.base import RewardFn
 from pipeline.tasks.chat import PromptEncoder
 from pipeline.tasks.prompts import Prompt
@@ -36,7 +38,11 @@ class Context:
     policy_version: int = 0
     start_step: int = 0
     history: HistoryStore | None = None
-    scheduler: ScheduledRollout | None = None  # when the batch is placed over several ranks
+    # sched.policy resolved once for the run's rollout workers (setup); until then the
+    # static split, which is what one worker resolves to
+    placement: RolloutPlacement = field(
+        default_factory=lambda: RolloutPlacement.from_config(SchedConfig(), workers=1))
+    scheduler: ScheduledRollout | None = None  # when a coordinator places the batch (placement)
     metrics: MetricsLog | None = None
     evals: MetricsLog | None = None
     eval_set: list[Prompt] = field(default_factory=list)

@@ -17,7 +17,7 @@ from pipeline.loop.batches import PromptSource
 from pipeline.loop.memory import memory_problems
 from pipeline.policy.checks import check_model_dir, fix_hint
 from pipeline.rollout.versions import check_vllm
-from pipeline.sched.placement import resolve_policy_name
+from pipeline.sched.registry import RolloutPlacement
 from pipeline.tasks.chat import PromptEncoder
 from pipeline.tasks.data import resolve_reward
 from pipeline.tasks.math_rewards import REWARDS
@@ -81,12 +81,17 @@ def world_problems(cfg: Config, world_size: int) -> list[str]:
                               ("train.ppo_mini_batch_size", cfg.train.ppo_mini_batch_size))
            if value % world_size]
     workers = world_size // max(1, cfg.rollout.tensor_parallel_size)
-    policy = resolve_policy_name(cfg.sched.policy, workers)
+    placement = None
+    try:  # as setup resolves it on every rank
+        placement = RolloutPlacement.from_config(cfg.sched, workers)
+    except UsageError as exc:
+        out.append(str(exc))
     if cfg.sched.tail_batching.overprovision > 0:
-        if workers > 1 and policy != "static":
+        if placement is not None and placement.coordinated:
             out.append(f"sched.tail_batching runs each rollout worker's own share (the static "
                        f"split); with {workers} workers set sched.policy: static, or "
-                       f"sched.tail_batching.overprovision: 0 to keep sched.policy: {policy}")
+                       f"sched.tail_batching.overprovision: 0 to keep sched.policy: "
+                       f"{placement.name}")
         if cfg.rollout.tensor_parallel_size > 1:
             out.append("sched.tail_batching does not run with rollout.tensor_parallel_size > 1 "
                        "yet; set one of them back (overprovision: 0 or tensor_parallel_size: 1)")

@@ -32,6 +32,7 @@ from pipeline.loop.tail_queue import TailQueue
 from pipeline.loop.loggers import Loggers
 from pipeline.loop.tp_groups import TPLayout
 from pipeline.rollout.engine import RolloutEngine
+from pipeline.sched.registry import RolloutPlacement
 from pipeline.tasks.chat import PromptEncoder
 from pipeline.tasks.data import resolve_reward
 from pipeline.tasks.prompts import eval_prompts, train_rows
@@ -115,7 +116,9 @@ def setup(cfg: Config, rank: int, world: int, resume: bool, force: bool,
     engine = RolloutEngine.from_config(cfg)
     ctx = Context(cfg, rank, world, engine, actor, encoder, prompts, reward_fn, run_dir)
     ctx.tp = TPLayout(world, cfg.rollout.tensor_parallel_size)
-    ctx.scheduler = ScheduledRollout.maybe(cfg, ctx.tp, run_dir)
+    ctx.placement = RolloutPlacement.from_config(cfg.sched, ctx.tp.groups)
+    if ctx.placement.coordinated:
+        ctx.scheduler = ScheduledRollout(cfg, ctx.tp, ctx.placement)
     tail = cfg.sched.tail_batching
     if tail.overprovision > 0:
         ctx.tail = TailQueue(prompts, tail.overprovision, tail.max_waits, world)

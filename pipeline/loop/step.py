@@ -97,11 +97,15 @@ def settle_tail(tail, launched: list, records: list) -> dict:
 
 
 def static_rollout(ctx, step: int, params: Sampling) -> list:
-    """This rank's rollouts under the static split. Each TP group's engine generates the
-    group's share (every rank of the group the same); the rank keeps its own 1/T of it,
-    which is the share it would have had with T = 1 (see `pipeline.loop.tp_groups`)."""
+    """This rank's rollouts when every rollout worker runs its own share of the run's
+    placement plan (`ctx.placement` runs locally: static, the contiguous split, or any
+    policy on one worker). Each TP group's engine generates the group's share (every rank
+    of the group the same); the rank keeps its own 1/T of it, which is the share it would
+    have had with T = 1 (see `pipeline.loop.tp_groups`)."""
     tp = ctx.tp or TPLayout(ctx.world_size)
-    share = shard(ctx.prompts.batch(step), tp.group_of(ctx.rank), tp.groups)
+    batch = ctx.prompts.batch(step)
+    share = [batch[g] for g in ctx.placement.share(len(batch), params.n, tp.group_of(ctx.rank),
+                                                   tp.groups)]
     out = rollouts.generate(ctx.engine, ctx.encoder, share, params)
     if tp.tp == 1:
         return out

@@ -1,4 +1,5 @@
-"""Placement policies for one rollout step, behind a registry (`make_policy`).
+"""The list-plan placement policies for one rollout step (the registry that names every
+policy: `pipeline.sched.registry`).
 
 - static: veRL's baseline. The batch (group-major, as veRL repeats each prompt n times) is
   split by position into W contiguous, equal shares.
@@ -7,7 +8,7 @@
   `pipeline.sched.load.LoadEstimate`, so every worker gets the same predicted work in
   seconds); siblings stay together, which group drafting needs. Odd steps mirror the
   worker order, so the worker that got the longest group gets the shortest end next step.
-  Online, a response that runs past `migrate_factor` times its prediction moves to a
+  Online, a response that runs past `MIGRATE_FACTOR` times its prediction moves to a
   worker running at least `migrate_gap` fewer requests at its next chunk boundary.
 - seer: divided rollout with a global queue (`pipeline/sched/seer.py`).
 - tier2: HistoPipe's second tier: the longest predicted groups on reserved workers, a few
@@ -26,13 +27,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from pipeline.costs import SCHED_COST, CostModel
-from pipeline.errors import UsageError
-from pipeline.sched.predictor import LengthPredictor
-from pipeline.sched.seer import SeerPolicy
-from pipeline.sched.types import (Chunk, Cluster, Dispatcher, Placement, PlacementParams, Request,
-                                 check_workers, longest_first, lpt, place_continuation,
-                                 requests_of)
+from pipeline.sched.types import (Chunk, Cluster, Dispatcher, Placement, Request, check_workers,
+                                 longest_first, lpt, place_continuation, requests_of)
 
 
 class ListDispatcher(Dispatcher):
@@ -103,6 +99,7 @@ class ListDispatcher(Dispatcher):
 
 class StaticPolicy(Placement):
     name = "static"
+    runs_locally = True
 
     def assign(self, groups, workers, step=0):
         check_workers(groups, workers)
@@ -116,6 +113,7 @@ class StaticPolicy(Placement):
 
 class HistoPipePolicy(Placement):
     name = "histopipe"
+    MIGRATE_FACTOR = 2.0  # only a response past this multiple of its prediction may move
 
     def assign(self, groups, workers, step=0):
         check_workers(groups, workers)
@@ -128,7 +126,7 @@ class HistoPipePolicy(Placement):
         return plan[::-1] if step % 2 else plan
 
     def dispatcher(self, groups, workers, step=0):
-        factor = self.params.migrate_factor
+        factor = self.MIGRATE_FACTOR
 
         def overrun_after(request: Request) -> float:
             return factor * groups[request.group].predicted
@@ -142,6 +140,7 @@ class OraclePolicy(Placement):
     """LPT on the true lengths (GroupWork.lengths), one request at a time."""
 
     name = "oracle"
+    needs_lengths = True
 
     def assign(self, groups, workers, step=0):
         check_workers(groups, workers)
@@ -155,53 +154,4 @@ class OraclePolicy(Placement):
         return ListDispatcher(self.assign(groups, workers, step))
 
 
-from pipeline.sched.tier2 import Tier2Policy  # noqa: E402  (it extends HistoPipePolicy above)
-
-POLICIES: dict[str, type[Placement]] = {
-    p.name: p for p in (StaticPolicy, HistoPipePolicy, Tier2Policy, SeerPolicy, OraclePolicy)}
-
-
-def policy_names() -> list[str]:
-    return list(POLICIES)
-
-
-def make_policy(name: str, params: PlacementParams = PlacementParams()) -> Placement:
-    """The policy called `name` (UsageError listing the valid names otherwise)."""
-    try:
-        return POLICIES[name](params)
-    except KeyError:
-        raise UsageError(f"unknown placement policy {name!r}; choose from "
-                         f"{', '.join(POLICIES)}") from None
-
-
-def step_params(predictor: LengthPredictor, requests_per_worker: int, *, chunk_tokens: int,
-                capacity: int, cost: CostModel = SCHED_COST, migrate_gap: int | None = None,
-                **tier2) -> PlacementParams:
-    """The one way a step's placement is parameterised, by training and by both benches:
-    `length_floor` is the length the longest of a worker's `requests_per_worker` responses
-    probably reaches anyway (`LengthPredictor.typical_max`); migrate_gap: None for
-    `auto_migrate_gap`; tier2: tier2_workers_frac, tier2_max_seqs (`pipeline.sched.tier2`)."""
-    return PlacementParams(chunk_tokens=chunk_tokens, cost=cost, capacity=capacity,
-                           length_floor=predictor.typical_max(requests_per_worker),
-                           migrate_gap=migrate_gap or auto_migrate_gap(requests_per_worker),
-                           **tier2)
-
-
-def auto_migrate_gap(requests_per_worker: int) -> int:
-    """A continuation moves only if that frees about an eighth of a worker's batch:
-    round(requests_per_worker / 8), at least 2 (a move from L to L - 1 requests only swaps
-    the load, and re-prefilling is not free) and at most 8. Measured in docs/scheduling.md:
-    with 8-16 requests a worker a gap of 8 could hardly ever move a straggler; with about
-    100, small gaps moved thousands of requests and made the step 7-11 % longer."""
-    return max(2, min(8, round(requests_per_worker / 8)))
-
-
-def resolve_policy_name(name: str, workers: int) -> str:
-    """sched.policy `auto` means seer when there is more than one rollout worker."""
-    if name == "auto":
-        return "seer" if workers > 1 else "static"
-    return name
-
-
-__all__ = ["POLICIES", "HistoPipePolicy", "ListDispatcher", "OraclePolicy", "SeerPolicy",
-           "StaticPolicy", "make_policy", "policy_names", "resolve_policy_name", "step_params"]
+__all__ = ["HistoPipePolicy", "ListDispatcher", "OraclePolicy", "StaticPolicy"]

@@ -5,8 +5,9 @@ the prediction for a prompt is a recency-weighted mean of its per-epoch mean len
 the last `last_epochs` epochs it was seen in (weight decay**age, age 0 = newest). A prompt
 without history gets the data set's fallback: the median of the known prompts'
 predictions, or `default` when nothing is known yet. Seer's probe refines a prediction
-online: the first finished response of a group is averaged with the history prediction
-(which counts as one observation), and replaces the fallback outright.
+online (`refine`, in `pipeline.sched.seer`): the first finished response of a group is
+averaged with the history prediction (which counts as one observation), and replaces the
+fallback outright.
 """
 
 from __future__ import annotations
@@ -63,24 +64,13 @@ class LengthPredictor:
         self.pooled = np.sort(np.asarray(pooled, dtype=float))
         self.fallback = (float(np.median(list(self.predictions.values())))
                          if self.predictions else float(default))
-        self.observed: dict[str, list[int]] = {}
 
     def known(self, prompt_id: str) -> bool:
         return prompt_id in self.predictions
 
     def predict(self, prompt_id: str) -> float:
-        """History prediction (or the fallback), refined by this step's observations."""
-        base = self.predictions.get(prompt_id, self.fallback)
-        weight = 1.0 if prompt_id in self.predictions else 0.0
-        return refine(base, weight, self.observed.get(prompt_id, ()))
-
-    def observe(self, prompt_id: str, length: int) -> float:
-        """A response of `prompt_id` finished with `length` tokens (Seer's probe: call it
-        for the first finished response of a group); returns the refined prediction."""
-        if length < 0:
-            raise ValueError(f"length must be >= 0, got {length}")
-        self.observed.setdefault(prompt_id, []).append(int(length))
-        return self.predict(prompt_id)
+        """The history prediction, or the fallback for a prompt without history."""
+        return self.predictions.get(prompt_id, self.fallback)
 
     def typical_max(self, requests: int) -> float:
         """The length the longest of `requests` random responses probably reaches: the
@@ -88,13 +78,6 @@ class LengthPredictor:
         if not len(self.pooled) or requests <= 1:
             return 0.0
         return float(np.quantile(self.pooled, 1.0 - 1.0 / requests))
-
-    def fresh(self) -> "LengthPredictor":
-        """The same history predictions without this step's observations."""
-        copy = object.__new__(LengthPredictor)
-        copy.__dict__.update(self.__dict__)
-        copy.observed = {}
-        return copy
 
 
 __all__ = ["LengthHistory", "LengthPredictor", "recency_weighted", "refine"]

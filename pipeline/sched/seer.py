@@ -24,8 +24,9 @@ from typing import Sequence
 
 from pipeline.sched.load import LoadEstimate
 from pipeline.sched.predictor import refine
-from pipeline.sched.types import (Chunk, Cluster, Dispatcher, GroupWork, Placement, PlacementParams,
-                                 Request, RequestState, check_workers, lpt, place_continuation)
+from pipeline.sched.settings import PlacementParams
+from pipeline.sched.types import (Chunk, Cluster, Dispatcher, GroupWork, Placement, Request,
+                                 RequestState, check_workers, lpt, place_continuation)
 
 
 def queue_order(groups: Sequence[GroupWork]) -> list[Request]:
@@ -177,10 +178,6 @@ class SeerDispatcher(Dispatcher):
         quiet = min(len(stopping), max(0, cluster.load(target) + self.migrate_gap - own))
         order = sorted(stopping, key=lambda s: -s[1])
         return [request for request, _ in order[:quiet]]
-
-    def count(self, state: RequestState) -> int:
-        """Requests of the step in `state`."""
-        return sum(1 for s in self.state.values() if s is state)
 
 
 class SeerPolicy(Placement):

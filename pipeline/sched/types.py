@@ -19,8 +19,8 @@ from enum import Enum
 from typing import ClassVar, NamedTuple, Protocol, Sequence
 
 from pipeline.errors import UsageError
-from pipeline.costs import SCHED_COST, CostModel
 from pipeline.sched.load import LoadEstimate
+from pipeline.sched.settings import PlacementParams
 
 
 @dataclass(frozen=True)
@@ -74,44 +74,6 @@ class Chunk(NamedTuple):
 
     request: Request
     budget: int | None = None
-
-
-@dataclass(frozen=True)
-class PlacementParams:
-    """Knobs of the policies (each reads the ones it needs).
-
-    chunk_tokens: tokens a request runs before the next placement decision (seer,
-    histopipe); migrate_gap: a request at a chunk boundary moves to the least-loaded worker
-    only when that one runs at least this many fewer requests (re-prefill is not free);
-    migrate_factor: histopipe only moves requests that ran past this multiple of their
-    prediction; cost, capacity (concurrent requests per worker) and length_floor (the
-    length a worker's longest response will probably reach anyway,
-    `LengthPredictor.typical_max`) are what the policies balance predicted worker time
-    with (`pipeline.sched.load.LoadEstimate`).
-    """
-
-    chunk_tokens: int = 64
-    migrate_gap: int = 8
-    migrate_factor: float = 2.0
-    cost: CostModel = SCHED_COST
-    capacity: int = 256
-    length_floor: float = 0.0
-    tier2_workers_frac: float = 0.125  # tier2: share of workers reserved for the longest groups
-    tier2_max_seqs: int = 8  # tier2: sequences per reserved worker
-
-    def __post_init__(self):
-        if not 0 <= self.tier2_workers_frac < 1:
-            raise ValueError(f"tier2_workers_frac must be in [0, 1), got {self.tier2_workers_frac}")
-        if self.tier2_max_seqs < 1:
-            raise ValueError(f"tier2_max_seqs must be >= 1, got {self.tier2_max_seqs}")
-        if self.chunk_tokens < 1:
-            raise ValueError(f"chunk_tokens must be >= 1, got {self.chunk_tokens}")
-        if self.migrate_gap < 1:
-            raise ValueError(f"migrate_gap must be >= 1, got {self.migrate_gap}")
-        if self.migrate_factor < 1:
-            raise ValueError(f"migrate_factor must be >= 1, got {self.migrate_factor}")
-        if self.capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {self.capacity}")
 
 
 class Cluster(Protocol):
@@ -174,9 +136,19 @@ class Dispatcher(ABC):
 
 
 class Placement(ABC):
-    """A placement policy: small, stateless between steps except through `step`."""
+    """A placement policy: small, stateless between steps except through `step`.
+
+    Built per step with that step's `PlacementParams`; the registry
+    (`pipeline.sched.registry`) finds it by `name`.
+    """
 
     name: ClassVar[str]
+    # its plan needs no prediction and no coordinator: each rollout worker runs its own
+    # share of `assign` (static); the others run on a coordinator's `dispatcher`
+    runs_locally: ClassVar[bool] = False
+    # it places by the true lengths (GroupWork.lengths): a reference for the bench, never
+    # something training can run
+    needs_lengths: ClassVar[bool] = False
 
     def __init__(self, params: PlacementParams = PlacementParams()):
         self.params = params

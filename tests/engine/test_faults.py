@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.loop import audit
 from pipeline.train import checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "scripts"))  # run_audit sits next to scripts/kill_trials.py
+import run_audit as audit  # noqa: E402
 pytestmark = [pytest.mark.engine, pytest.mark.deepspeed]
 
 STEPS, BATCH, N = 4, 2, 2

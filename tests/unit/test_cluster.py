@@ -190,10 +190,14 @@ def test_scheduling_places_work_over_tp_groups(monkeypatch):
     # no process group here: no TP subgroups, no coordination store
     monkeypatch.setattr(scheduled, "new_groups", lambda layout: None)
     monkeypatch.setattr(scheduled, "CoordinationStore", lambda timeout_s: None)
+    from pipeline.sched.registry import RolloutPlacement
+
     cfg = load_config(None, ["rollout.tensor_parallel_size=2"])
-    assert ScheduledRollout.maybe(cfg, TPLayout(2, 2), None) is None  # one engine: nothing to place
-    s = ScheduledRollout.maybe(cfg, TPLayout(4, 2), None)
-    assert s is not None and s.name == "seer"  # auto: seer over 2 workers, not 4
+    one = RolloutPlacement.from_config(cfg.sched, TPLayout(2, 2).groups)
+    assert (one.name, one.coordinated) == ("static", False)  # one engine: nothing to place
+    placement = RolloutPlacement.from_config(cfg.sched, TPLayout(4, 2).groups)
+    assert placement.name == "seer"  # auto: seer over 2 workers, not 4
+    s = ScheduledRollout(cfg, TPLayout(4, 2), placement)
     assert s.world == 2  # the placement's per-worker share is over groups
 
     class Last:

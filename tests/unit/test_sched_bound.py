@@ -8,9 +8,10 @@ from pipeline.bench.sched import with_oracle
 from pipeline.sched.bound import ideal_makespan, throughputs
 from pipeline.sched.load import SPEC_COST_MODELS
 from pipeline.costs import SCHED_COST, CostModel
-from pipeline.sched.placement import make_policy
+from pipeline.sched.registry import make_policy
+from pipeline.sched.settings import PlacementParams
 from pipeline.sched.simulator import SimConfig, simulate
-from pipeline.sched.types import GroupWork, PlacementParams
+from pipeline.sched.types import GroupWork
 
 ONE_S_PASS = CostModel(base_s=1.0, per_token_s=0.0)
 # speculation doubles tokens per pass, but only for a request running alone

@@ -9,9 +9,10 @@ import pytest
 from pipeline.costs import SCHED_COST, CostModel
 from pipeline.sched.load import SPEC_COST_MODELS
 from pipeline.sched.events import simulate_events
-from pipeline.sched.placement import POLICIES, make_policy
+from pipeline.sched.registry import POLICIES, make_policy
+from pipeline.sched.settings import PlacementParams
 from pipeline.sched.simulator import SimConfig, simulate
-from pipeline.sched.types import GroupWork, PlacementParams
+from pipeline.sched.types import GroupWork
 
 COSTS = [SCHED_COST, SPEC_COST_MODELS["history+group"], CostModel(base_s=1.0, per_token_s=0.01)]
 

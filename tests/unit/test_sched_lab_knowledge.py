@@ -3,14 +3,20 @@ true length."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from pipeline.costs import CostModel
 from pipeline.sched.events import simulate_events
-from pipeline.sched.knowledge import LEVELS, with_knowledge
-from pipeline.sched.placement import make_policy
+from pipeline.sched.registry import make_policy
 from pipeline.sched.simulator import SimConfig
-from pipeline.sched.types import GroupWork, PlacementParams
+from pipeline.sched.settings import PlacementParams
+from pipeline.sched.types import GroupWork
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))  # as the scripts run
+from sched_lab.knowledge import LEVELS, with_knowledge  # noqa: E402
 
 GROUPS = [GroupWork("a", 3, 50.0, True, (10, 20, 90)), GroupWork("b", 2, 7.0, False, (40, 60))]
 

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from pipeline.costs import CostModel
 from pipeline.sched.events import simulate_events
-from pipeline.sched.placement import make_policy
+from pipeline.sched.registry import make_policy
 from pipeline.sched.simulator import SimConfig
-from pipeline.sched.tail import TailBatching, simulate_tail
-from pipeline.sched.types import GroupWork, PlacementParams
+from pipeline.sched.settings import PlacementParams
+from pipeline.sched.types import GroupWork
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))  # as the scripts run
+from sched_lab.tail import TailBatching, simulate_tail  # noqa: E402
 
 ONE_S_PASS = CostModel(base_s=1.0, per_token_s=0.0)
 

@@ -9,9 +9,10 @@ import pytest
 
 from pipeline.errors import UsageError
 from pipeline.costs import CostModel
-from pipeline.sched.placement import POLICIES, make_policy, policy_names, resolve_policy_name
+from pipeline.sched.registry import POLICIES, make_policy, policy_names, resolve_policy_name
 from pipeline.sched.seer import SeerDispatcher, queue_order
-from pipeline.sched.types import Chunk, GroupWork, PlacementParams, Request, RequestState
+from pipeline.sched.settings import PlacementParams
+from pipeline.sched.types import Chunk, GroupWork, Request, RequestState
 
 TOKENS_ONLY = PlacementParams(cost=CostModel(base_s=0.0, per_token_s=1.0))  # time = tokens
 
@@ -148,11 +149,15 @@ def test_seer_continues_in_place_or_moves_to_a_much_lighter_worker():
     assert cluster.started[-1] == (1 - long_worker, Chunk(R(0), 64)) and d.migrations == 1
 
 
+def count(d: SeerDispatcher, state: RequestState) -> int:
+    return sum(1 for s in d.state.values() if s is state)
+
+
 def test_seer_tracks_each_request_state_through_its_chunks():
     gs = [GroupWork("a", 2, 100.0)]
     d = SeerDispatcher(gs, 1, PlacementParams(chunk_tokens=64, capacity=1))
     cluster = FakeCluster(1, 1)
-    assert d.count(RequestState.WAITING) == 2
+    assert count(d, RequestState.WAITING) == 2
     d.dispatch(cluster, [0])
     assert d.state[R(0, 0)] is RequestState.RUNNING and d.state[R(0, 1)] is RequestState.WAITING
     d.chunk_done(Chunk(R(0, 0), 64), 0, generated=64, finished=False)
@@ -165,7 +170,7 @@ def test_seer_tracks_each_request_state_through_its_chunks():
     with pytest.raises(ValueError, match="reported done while finished"):
         d.chunk_done(Chunk(R(0, 0), 64), 0, generated=90, finished=True)
     cluster.finish(d, 0, Chunk(R(0, 1), 64), generated=80)
-    assert d.count(RequestState.FINISHED) == 2 and d.pending() == 0
+    assert count(d, RequestState.FINISHED) == 2 and d.pending() == 0
 
 
 @pytest.mark.parametrize("name", list(POLICIES))
@@ -192,6 +197,7 @@ def test_registry_names_and_errors():
     assert resolve_policy_name("auto", 4) == "seer"
     assert resolve_policy_name("auto", 1) == "static"
     assert resolve_policy_name("histopipe", 4) == "histopipe"
+    assert resolve_policy_name("histopipe", 1) == "static"  # one worker runs everything
 
 
 def test_more_workers_than_requests_is_a_usage_error():
@@ -304,10 +310,10 @@ def test_histopipes_stay_hint_is_the_prefix_before_the_first_overrun():
 
 
 def test_the_migration_gap_scales_with_the_requests_per_worker():
-    from pipeline.sched.placement import auto_migrate_gap, step_params
     from pipeline.sched.predictor import LengthPredictor
+    from pipeline.sched.settings import PlacementSettings, auto_migrate_gap
 
     assert [auto_migrate_gap(k) for k in (1, 8, 16, 32, 48, 64, 98, 512)] == [2, 2, 2, 4, 6, 8, 8, 8]
     predictor = LengthPredictor({}, default=100.0)
-    assert step_params(predictor, 32, chunk_tokens=64, capacity=64).migrate_gap == 4
-    assert step_params(predictor, 32, chunk_tokens=64, capacity=64, migrate_gap=3).migrate_gap == 3
+    assert PlacementSettings().step_params(predictor, 32, capacity=64).migrate_gap == 4
+    assert PlacementSettings(migrate_gap=3).step_params(predictor, 32, capacity=64).migrate_gap == 3

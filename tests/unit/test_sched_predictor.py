@@ -41,15 +41,13 @@ def test_no_history_uses_the_configured_default():
 
 
 def test_probe_refines_known_and_replaces_fallback():
+    """As seer refines a group's prediction by its probe: the history prediction counts as
+    one observation, the fallback as none."""
     p = LengthPredictor(HISTORY)
-    assert p.observe("a", 35) == pytest.approx(30.0)  # history counts as one observation
-    assert p.observe("new", 40) == pytest.approx(40.0)  # the fallback carries no weight
-    assert p.observe("new", 20) == pytest.approx(30.0)
-    fresh = p.fresh()
-    assert fresh.predict("a") == pytest.approx(25.0) and fresh.predict("new") == pytest.approx(15.0)
-    assert p.predict("a") == pytest.approx(30.0)  # the original keeps its observations
-    with pytest.raises(ValueError, match="length must be >= 0"):
-        p.observe("a", -1)
+    assert (p.predict("a"), p.predict("new")) == (pytest.approx(25.0), pytest.approx(15.0))
+    assert refine(p.predict("a"), 1.0, [35]) == pytest.approx(30.0)
+    assert refine(p.predict("new"), 0.0, [40]) == pytest.approx(40.0)
+    assert refine(p.predict("new"), 0.0, [40, 20]) == pytest.approx(30.0)
 
 
 def test_refine_by_hand():

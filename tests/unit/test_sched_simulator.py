@@ -10,10 +10,11 @@ import pytest
 from pipeline.errors import UsageError
 from pipeline.costs import SCHED_COST, CostModel, tail_s
 from pipeline.sched.load import SPEC_COST_MODELS, LoadEstimate
-from pipeline.sched.placement import POLICIES, make_policy
+from pipeline.sched.registry import POLICIES, make_policy
+from pipeline.sched.settings import PlacementParams
 from pipeline.sched.predictor import LengthPredictor
 from pipeline.sched.simulator import SimConfig, ideal_s, simulate
-from pipeline.sched.types import Chunk, Dispatcher, GroupWork, Placement, PlacementParams, Request
+from pipeline.sched.types import Chunk, Dispatcher, GroupWork, Placement, Request
 
 ONE_S_PASS = CostModel(base_s=1.0, per_token_s=0.0)  # a pass costs 1 s whatever the batch
 

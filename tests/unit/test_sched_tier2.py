@@ -7,9 +7,10 @@ from dataclasses import replace
 import pytest
 
 from pipeline.sched.events import simulate_events
-from pipeline.sched.placement import POLICIES, make_policy
+from pipeline.sched.registry import POLICIES, make_policy
+from pipeline.sched.settings import PlacementParams
 from pipeline.sched.simulator import SimConfig, simulate
-from pipeline.sched.types import GroupWork, PlacementParams, Request
+from pipeline.sched.types import GroupWork, Request
 
 ONE_S_PASS = PlacementParams()
 

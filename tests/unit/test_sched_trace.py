@@ -9,7 +9,7 @@ import pytest
 from pipeline.errors import UsageError
 from pipeline.history.store import HistoryStore, RolloutRecord
 from pipeline.bench.sched import BenchSetup, step_groups
-from pipeline.sched.placement import step_params
+from pipeline.sched.settings import PlacementSettings
 from pipeline.sched.trace import Trace, TraceGroup, draw_groups, read_trace, trace_from_history
 
 
@@ -120,7 +120,7 @@ def test_step_groups_predicts_from_earlier_epochs_and_checks_workers(tmp_path):
     by_id = {g.prompt_id: g for g in groups}
     assert by_id["a"].predicted == 20.0 and by_id["a"].known and by_id["a"].lengths == (100,)
     assert by_id["b"].predicted == 20.0 and not by_id["b"].known  # fallback: the median
-    params = step_params(predictor, 2, chunk_tokens=64, capacity=256)
+    params = PlacementSettings().step_params(predictor, 2, capacity=256)
     assert params.length_floor == 20.0  # (1 - 1/2) quantile of the recorded 10 and 30
     with pytest.raises(UsageError) as exc:
         step_groups(trace, BenchSetup(policies=(), workers=5))

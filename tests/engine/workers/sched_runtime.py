@@ -9,8 +9,9 @@ from pipeline import distributed as dist
 from pipeline.config.schema import ModelConfig, RolloutConfig, SchedConfig
 from pipeline.loop.sched_runtime import rollout
 from pipeline.rollout.engine import RolloutEngine, Sampling
-from pipeline.sched.placement import make_policy
-from pipeline.sched.types import GroupWork, PlacementParams
+from pipeline.sched.registry import make_policy
+from pipeline.sched.settings import PlacementParams
+from pipeline.sched.types import GroupWork
 from pipeline.tasks.base import get_task
 
 

@@ -10,9 +10,10 @@ from pipeline.config.schema import ModelConfig, RolloutConfig, SchedConfig
 from pipeline import distributed as dist
 from pipeline.loop.tp_groups import TPLayout, new_groups
 from pipeline.rollout.engine import RolloutEngine, Sampling
-from pipeline.sched.placement import make_policy
+from pipeline.sched.registry import make_policy
+from pipeline.sched.settings import PlacementParams
 from pipeline.loop.sched_runtime import rollout
-from pipeline.sched.types import GroupWork, PlacementParams
+from pipeline.sched.types import GroupWork
 from pipeline.tasks.base import get_task
 
 
