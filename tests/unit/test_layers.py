@@ -1,6 +1,7 @@
 """The layer rule, read from the source: every import of every module of `pipeline` and
 `rhymectl` (at module top or inside a function) goes to its own layer or below, and the
-packages form no import cycle.
+packages form no import cycle. And every module of `pipeline` serves the tool: it is reached
+from an entry point (research helpers that only scripts/ and tests use live in scripts/).
 
 Layers, bottom to top (README "Layout"):
   1 kernel    errors, atomic, config, distributed, costs, children
@@ -97,6 +98,18 @@ def package_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         for t in targets:
             if package(t) != package(m):
                 edges.setdefault(package(m), set()).add(package(t))
+    return first_cycle(edges)
+
+
+def module_cycle(graph: dict[str, set[str]], within: str) -> list[str] | None:
+    """One import cycle among the modules of package `within`, or None."""
+    inside = {m: {t for t in targets if t.startswith(within + ".")}
+              for m, targets in graph.items() if m.startswith(within + ".")}
+    return first_cycle(inside)
+
+
+def first_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of a directed graph as [a, b, ..., a], or None."""
     state: dict[str, int] = {}  # 1: on the stack, 2: done
     stack: list[str] = []
 
@@ -130,6 +143,12 @@ def test_the_packages_form_no_import_cycle():
     assert package_cycle(GRAPH) is None
 
 
+def test_the_placement_modules_form_no_import_cycle():
+    """Policies, their settings and the registry that names them import one way: the
+    registry imports the policies, never the reverse."""
+    assert module_cycle(GRAPH, "pipeline.sched") is None
+
+
 def test_the_checks_catch_what_they_look_for():
     """The checks fail on a planted upward edge and a planted cycle (so they can fail)."""
     planted = {"pipeline.sched.types": {"pipeline.loop.run"}, "pipeline.loop.run": set()}
@@ -138,6 +157,10 @@ def test_the_checks_catch_what_they_look_for():
     cyclic = {"pipeline.loop.run": {"pipeline.sched.types"},
               "pipeline.sched.types": {"pipeline.loop.step"}}
     assert package_cycle(cyclic) == ["pipeline.loop", "pipeline.sched", "pipeline.loop"]
+    modules = {"pipeline.sched.placement": {"pipeline.sched.tier2", "pipeline.costs"},
+               "pipeline.sched.tier2": {"pipeline.sched.placement"}}
+    assert module_cycle(modules, "pipeline.sched") == [
+        "pipeline.sched.placement", "pipeline.sched.tier2", "pipeline.sched.placement"]
 
 
 def test_the_library_never_starts_the_cli():
@@ -147,3 +170,42 @@ def test_the_library_never_starts_the_cli():
                     for node in ast.walk(ast.parse(p.read_text()))
                     if isinstance(node, ast.Constant) and node.value == "rhymectl")
     assert starts == []
+
+
+def entry_points() -> set[str]:
+    """Where the tool starts: the CLI (every module of `rhymectl`) and the library's own
+    `python -m` modules (a `__main__` guard: the ranks' launch, torchrun's wrapper, the
+    bench workers)."""
+    return {m for m, p in MODULES.items()
+            if m.startswith("rhymectl") or "__name__ == \"__main__\"" in p.read_text()}
+
+
+def reachable(graph: dict[str, set[str]], roots: set[str]) -> set[str]:
+    """The modules `roots` import, directly or not (importing a module imports its
+    packages)."""
+    seen: set[str] = set()
+    todo = list(roots)
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        parts = m.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]
+        todo += graph.get(m, ())
+    return seen
+
+
+def test_every_library_module_is_reached_from_an_entry_point():
+    reached = reachable(GRAPH, entry_points())
+    assert sorted(m for m in MODULES if m.startswith("pipeline") and m not in reached) == []
+
+
+def test_the_reachability_check_finds_a_module_only_scripts_use():
+    graph = {"rhymectl.app": {"pipeline.loop.run"}, "pipeline.loop.run": {"pipeline.sched.types"},
+             "pipeline.sched.lab": {"pipeline.sched.types"}}
+    assert reachable(graph, {"rhymectl.app"}) == {
+        "rhymectl", "rhymectl.app", "pipeline", "pipeline.loop", "pipeline.loop.run",
+        "pipeline.sched", "pipeline.sched.types"}
+    assert {"pipeline.loop.launch", "pipeline.bench.spec_worker",
+            "pipeline.bench.sched_real"} <= entry_points()
