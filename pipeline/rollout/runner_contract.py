@@ -31,7 +31,8 @@ RUNNER = ("GPUModelRunner", ("execute_model", "propose_draft_token_ids", "get_mo
 INPUT_BATCH = ("InputBatch", ("req_ids", "req_id_to_index", "num_prompt_tokens",
                               "token_ids_cpu", "num_tokens_no_spec"))
 SCHEDULER_OUTPUT = ("SchedulerOutput", ("total_num_scheduled_tokens", "num_scheduled_tokens",
-                                        "scheduled_new_reqs", "scheduled_spec_decode_tokens"))
+                                        "scheduled_new_reqs", "scheduled_spec_decode_tokens",
+                                        "scheduled_cached_reqs", "finished_req_ids"))
 SOURCES = {RUNNER_FILE: RUNNER, INPUT_BATCH_FILE: INPUT_BATCH,
            SCHEDULER_OUTPUT_FILE: SCHEDULER_OUTPUT}
 # set by the runner only when speculating: in the source, not on every live runner

@@ -176,3 +176,24 @@ def test_a_request_that_skipped_a_pass_makes_the_spans_inexact():
         runner.execute_model(so)
     counts = meter.stop()
     assert counts.pass_log().passes == [3, 3] and not counts.spans_exact
+
+
+@pytest.mark.parametrize("class_name, field", [("CachedRequestData", "num_output_tokens"),
+                                               ("NewRequestData", "req_id")])
+def test_the_fields_the_meter_reads_inside_the_scheduler_output_exist_in_vllm(class_name, field):
+    """`scheduled_cached_reqs.num_output_tokens` and `scheduled_new_reqs[i].req_id`, in the
+    installed vLLM's source (the scheduler output's own fields are in
+    `pipeline.rollout.runner_contract`); the meter reads them with defaults, so a rename
+    would otherwise go unnoticed."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    from pipeline.rollout.runner_contract import SCHEDULER_OUTPUT_FILE
+
+    vllm = Path(importlib.util.find_spec("vllm").origin).parent
+    tree = ast.parse((vllm / SCHEDULER_OUTPUT_FILE).read_text())
+    cls = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == class_name)
+    fields = {n.target.id for n in cls.body
+              if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    assert field in fields
