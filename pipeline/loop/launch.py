@@ -1,6 +1,7 @@
 """Start a run: in this process (one rank, or a rank that torchrun started), or by starting
-torchrun with N ranks on this node (`--nproc N`). Multi-node jobs call torchrun themselves
-(`torchrun ... -m rhymectl train ...`; see sample_configs/slurm.sh).
+torchrun with N ranks on this node (`--nproc N`). Multi-node jobs start one torchrun per
+node themselves (`python -m pipeline.loop.torchrun --nnodes ... -m rhymectl train ...`; see
+sample_configs/slurm.sh); their ranks check that run.dir is shared (`loop.shared_fs`).
 
 Ranks that the library starts itself (`--nproc N`, the benches' training run) run this
 module's entry point, never the CLI:
