@@ -45,10 +45,12 @@ def job_shape(environ: Mapping[str, str] | None = None, *,
 
 
 def on_one_node() -> bool:
-    """Every rank of this job runs on this process's node (torchrun's LOCAL_WORLD_SIZE is
-    the whole WORLD_SIZE; ranks are numbered node by node)."""
+    """Every rank of this job runs on this process's node: one rank, or torchrun's
+    LOCAL_WORLD_SIZE is the whole WORLD_SIZE. A launcher that does not say is not trusted
+    to be on one node."""
     world = int(os.environ.get("WORLD_SIZE", 1))
-    return int(os.environ.get("LOCAL_WORLD_SIZE", world)) == world
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    return world == 1 or (local is not None and int(local) == world)
 
 
 def init() -> tuple[int, int]:

@@ -15,8 +15,9 @@ find the same bytes. Every rank learns every verdict, so a directory that some n
 not share stops every rank with the same line (UsageError, exit 2).
 
 A network filesystem may cache "no such file" for a while (NFS caches failed lookups until
-it revalidates the folder), and a rank looked run.dir up before rank 0 created it: a rank
-lists the folders above the lock file to refresh them and retries for `VISIBLE_WITHIN_S`.
+it revalidates the folder), and every rank looked run.dir up before rank 0 created it: a
+rank that does not see the file lists the nearest folder it sees on the way there, which
+refreshes that folder, and retries for up to `VISIBLE_WITHIN_S`.
 
 All ranks on one node share its filesystem: a single-node run skips the check (no file
 read, no collective).
@@ -67,14 +68,13 @@ def sees(path: Path, record: bytes, within_s: float) -> bool:
 
 
 def refresh(folder: Path) -> None:
-    """List `folder`'s existing ancestors, nearest last: a network filesystem rereads a
-    folder it lists, which drops its cached "no such file" answers for it."""
-    start = existing_part(folder)
-    for d in [*reversed(start.parents), start]:
-        try:
-            os.listdir(d)
-        except OSError:
-            pass
+    """List the nearest folder on the way to `folder` that this node sees: a network
+    filesystem rereads a folder it lists, which drops its cached "no such file" answers
+    for the entries below it."""
+    try:
+        os.listdir(existing_part(folder))
+    except OSError:
+        pass
 
 
 def problem(run_dir: Path, verdicts: list[tuple[bool, str]]) -> str | None:

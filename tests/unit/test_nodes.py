@@ -170,6 +170,16 @@ def test_a_single_node_run_skips_the_check(monkeypatch, tmp_path):
     shared_fs.check(tmp_path / "nowhere", None)  # nothing read, nothing exchanged
 
 
+def test_ranks_whose_launcher_does_not_give_the_ranks_per_node_are_checked(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert not distributed.on_one_node()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert distributed.on_one_node()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert distributed.on_one_node()
+
+
 def test_a_rank_that_reads_rank_0s_record_passes(monkeypatch, tmp_path):
     record = b'{"host": "node-a", "pid": 7}'
     Lock(tmp_path / "run", record)  # the same folder: a shared filesystem
