@@ -1,4 +1,5 @@
-"""`rhymectl init-model`: build the tiny default policy (no download)."""
+"""`rhymectl init-model`: build the tiny default policy, or a stand-in of a real model family
+(no download)."""
 
 from __future__ import annotations
 
@@ -13,39 +14,50 @@ from rhymectl.output import emit_json, log, out
 def register(app: typer.Typer) -> None:
     app.command("init-model", help=(
         "Build the tiny default policy: char tokenizer, ~1M-parameter Llama, SFT warm-up.\n\n"
+        "With --family qwen2 or llama: a CPU-size stand-in of that real family instead, for "
+        "real tokenizer/chat template/architecture plumbing at CPU size; not a capable model. "
+        "Byte-level BPE tokenizer (8k+ tokens) with the family's special tokens and chat "
+        "template, Qwen2ForCausalLM (untied, q/k/v biases) or LlamaForCausalLM (tied), "
+        "grouped-query attention, a few million parameters, an SFT warm-up on GSM8K-format "
+        "rows through the chat template. Train it on sample_data/gsm8k (docs/guide.md).\n\n"
         "Cached: a second call with the same settings returns at once.\n\n"
-        "Example: rhymectl init-model --task sort --out models/tiny-sort --seed 0"))(init_model)
+        "Example: rhymectl init-model --task sort --out models/tiny-sort --seed 0\n\n"
+        "Example: rhymectl init-model --family qwen2   (writes models/tiny-qwen2)"))(init_model)
 
 
 def init_model(
-    task: str = typer.Option("sort", help="Built-in task the SFT warm-up uses."),
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="Model directory [models/tiny-TASK]."),
+    task: Optional[str] = typer.Option(None, help="Built-in task the SFT warm-up uses [sort]; "
+                                                  "not with --family."),
+    family: Optional[str] = typer.Option(None, help="qwen2 or llama: a stand-in of that model "
+                                                    "family instead of the default policy."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Model directory "
+                                                               "[models/tiny-TASK or models/tiny-FAMILY]."),
     seed: int = typer.Option(0, help="Seed: same seed, same model."),
-    steps: Optional[int] = typer.Option(None, min=1, help="SFT steps [400]."),
+    steps: Optional[int] = typer.Option(None, min=1, help="SFT steps [400; 300 with --family]."),
     force: bool = typer.Option(False, "--force", help="Rebuild even if cached."),
     json_out: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
 ) -> None:
     from dataclasses import replace
 
+    from pipeline.errors import UsageError
+
+    if family is not None:
+        if task is not None:
+            raise UsageError("--task chooses the default policy's SFT task; a --family model is "
+                             "SFT-trained on GSM8K-format rows: drop --task or --family")
+        return _init_family(family, out_dir, seed, steps, force, json_out)
     from pipeline.policy.bootstrap import InitOptions, check_target, init_model as build
     from pipeline.tasks.base import get_task
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
+    task = task or "sort"
     get_task(task)
     spec = InitOptions(task=task, seed=seed)
     if steps is not None:
         spec = replace(spec, sft=replace(spec.sft, steps=steps))
     target = out_dir or Path("models") / f"tiny-{task}"
     check_target(target, spec, force)  # before the progress bar: one line if refused
-    with Progress(TextColumn("SFT warm-up"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TextColumn("loss {task.fields[loss]:.3f}"), TimeRemainingColumn(),
-                  console=log, transient=True) as progress:
-        bar = progress.add_task("sft", total=spec.sft.steps, loss=float("nan"))
-
-        def on_step(step: int, loss: float) -> None:
-            progress.update(bar, completed=step + 1, loss=loss)
-
-        manifest = build(target, spec, force=force, on_sft_step=on_step)
+    manifest = _with_progress(spec.sft.steps, lambda on_step: build(target, spec, force=force,
+                                                                   on_sft_step=on_step))
     manifest = {"path": str(target), **manifest}
     if json_out:
         emit_json(manifest)
@@ -58,3 +70,55 @@ def init_model(
               f"{sft['loss_curve'][-1]:.3f} (mean per tenth: {', '.join(f'{x:.2f}' for x in sft['loss_curve'])})")
     out.print(f"  held-out greedy accuracy  {manifest['heldout']['greedy_accuracy']:.1%} "
               f"on {manifest['heldout']['prompts']} prompts ({task})")
+
+
+def _init_family(name: str, out_dir: Optional[Path], seed: int, steps: Optional[int],
+                 force: bool, json_out: bool) -> None:
+    from dataclasses import replace
+
+    from pipeline.policy.bootstrap import check_target
+    from pipeline.policy.families import get_family
+    from pipeline.policy.family_build import FamilyOptions, init_family_model
+
+    family = get_family(name)
+    spec = FamilyOptions(family=family.name, seed=seed)
+    if steps is not None:
+        spec = replace(spec, sft=replace(spec.sft, steps=steps))
+    target = out_dir or Path("models") / f"tiny-{family.name}"
+    check_target(target, spec, force)
+    manifest = _with_progress(spec.sft.steps, lambda on_step: init_family_model(
+        target, spec, force=force, on_sft_step=on_step))
+    manifest = {"path": str(target), **manifest}
+    if json_out:
+        emit_json(manifest)
+        return
+    sft, held = manifest["sft"], manifest["heldout"]
+    vocab = manifest["vocab"]
+    state = "cached, unchanged" if manifest["cached"] else f"built in {manifest['build_seconds']} s"
+    tied = "tied" if family.tie_embeddings else "untied"
+    out.print(f"[bold]{target}[/] ({state})")
+    out.print(f"  family          {family.name} ({manifest['architecture']}, {tied} embeddings)")
+    out.print(f"  parameters      {manifest['parameters']:,}")
+    out.print(f"  vocabulary      {vocab['tokenizer']:,} tokens, {vocab['embedding_rows']:,} embedding rows")
+    out.print("  special tokens  " + " ".join(f"{t}={i}" for t, i in manifest["special_tokens"].items()))
+    out.print(f"  stop ids        {', '.join(map(str, manifest['stop_ids']))}")
+    out.print(f"  SFT             {sft['steps']} steps on {sft['rows']} GSM8K-format rows, loss "
+              f"{sft['loss_curve'][0]:.3f} → {sft['loss_curve'][-1]:.3f}")
+    out.print(f"  held-out        gsm8k reward {held['reward_mean']:.3f} (partial credit), exact "
+              f"{held['greedy_accuracy']:.1%}, '####' in {held['with_final_answer']:.0%} of "
+              f"{held['prompts']} greedy responses (sample_data/gsm8k/test.jsonl)")
+
+
+def _with_progress(total: int, build):
+    """`build(on_step)` under an SFT progress bar on stderr; returns what it returns."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("SFT warm-up"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TextColumn("loss {task.fields[loss]:.3f}"), TimeRemainingColumn(),
+                  console=log, transient=True) as progress:
+        bar = progress.add_task("sft", total=total, loss=float("nan"))
+
+        def on_step(step: int, loss: float) -> None:
+            progress.update(bar, completed=step + 1, loss=loss)
+
+        return build(on_step)

@@ -16,7 +16,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 
@@ -28,6 +28,12 @@ from pipeline.policy.tokenizer import train_char_tokenizer
 from pipeline.tasks.base import get_task, task_names
 
 BUILD_VERSION = 1  # bump when the recipe changes, so stale caches are rebuilt
+
+
+class BuildSpec(Protocol):
+    """What a cached build is keyed by: `InitOptions`, or a family model's options."""
+
+    def fingerprint(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -44,7 +50,7 @@ class InitOptions:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def cached_manifest(out: Path, spec: InitOptions) -> dict | None:
+def cached_manifest(out: Path, spec: BuildSpec) -> dict | None:
     """The manifest of `out` if it was built with exactly `spec`, else None."""
     try:
         manifest = json.loads((out / MANIFEST).read_text())
@@ -57,7 +63,7 @@ def cached_manifest(out: Path, spec: InitOptions) -> dict | None:
     return manifest
 
 
-def check_target(out: Path, spec: InitOptions, force: bool) -> None:
+def check_target(out: Path, spec: BuildSpec, force: bool) -> None:
     """UsageError unless the model may be written to `out`: a new or empty folder, or one
     init-model built (with other settings: only with `force`). Checked before the build."""
     if not force and cached_manifest(out, spec):
@@ -73,9 +79,9 @@ def check_target(out: Path, spec: InitOptions, force: bool) -> None:
         raise UsageError(f"--out {out} holds files that init-model did not write (no {MANIFEST}); "
                          f"give a new or empty folder")
     if not force:
-        raise UsageError(f"--out {out} holds a model built with other settings (task "
-                         f"{built.get('task')}, seed {built.get('seed')}); pass --force to "
-                         f"replace it, or give another folder")
+        what = f"family {built['family']}" if "family" in built else f"task {built.get('task')}"
+        raise UsageError(f"--out {out} holds a model built with other settings ({what}, seed "
+                         f"{built.get('seed')}); pass --force to replace it, or give another folder")
 
 
 def held_out_rows(task_name: str, seed: int, n: int, exclude_ids: set[str]) -> list[dict]:
@@ -108,11 +114,12 @@ def init_model(out: Path, spec: InitOptions, force: bool = False,
         "parameters": count_parameters(model),
         "arch": spec.arch.to_dict(),
         "sft": {"steps": spec.sft.steps, "loss_first": losses[0], "loss_last": losses[-1],
-                "loss_min": min(losses), "loss_curve": _summary_curve(losses)},
+                "loss_min": min(losses), "loss_curve": summary_curve(losses)},
         "heldout": {"prompts": len(evals), "greedy_accuracy": accuracy},
         "build_seconds": round(time.time() - started, 1),
     }
-    _save_atomically(out, model, tokenizer, manifest)
+    save_atomically(out, manifest, lambda tmp: (model.save_pretrained(tmp, safe_serialization=True),
+                                                tokenizer.save_pretrained(tmp)))
     return {**manifest, "cached": False}
 
 
@@ -124,18 +131,19 @@ def greedy_accuracy(model, tokenizer, task_name: str, rows: list[dict], max_posi
     return sum(hits) / max(1, len(hits))
 
 
-def _summary_curve(losses: list[float], points: int = 10) -> list[float]:
+def summary_curve(losses: list[float], points: int = 10) -> list[float]:
     stride = max(1, len(losses) // points)
     return [round(sum(losses[i: i + stride]) / len(losses[i: i + stride]), 4)
             for i in range(0, len(losses), stride)]
 
 
-def _save_atomically(out: Path, model, tokenizer, manifest: dict) -> None:
+def save_atomically(out: Path, manifest: dict, write: Callable[[Path], object]) -> None:
+    """`write(folder)` saves the model and tokenizer; the folder, with the manifest, then
+    replaces `out` in one rename."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
+        write(tmp)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         if out.exists():
             shutil.rmtree(out)

@@ -25,14 +25,24 @@ class SFTSettings:
     seed: int = 0
 
 
-def encode_pairs(tokenizer: PreTrainedTokenizerFast, rows: Sequence[dict]) -> list[tuple[list[int], int]]:
-    """Each row → (BOS prompt solution EOS token ids, number of prompt tokens incl. BOS)."""
+def encode_pairs(tokenizer: PreTrainedTokenizerFast, rows: Sequence[dict],
+                 add_special_tokens: bool = True) -> list[tuple[list[int], int]]:
+    """Each row → (BOS prompt solution EOS token ids, number of prompt tokens incl. BOS).
+
+    `add_special_tokens=False` for prompts already rendered by a chat template, which
+    carries its own BOS where the family has one; EOS is then the end-of-turn token."""
     out = []
     for row in rows:
-        prompt = tokenizer(row["prompt"])["input_ids"]
+        prompt = tokenizer(row["prompt"], add_special_tokens=add_special_tokens)["input_ids"]
         response = tokenizer(row["solution"], add_special_tokens=False)["input_ids"]
         out.append((prompt + response + [tokenizer.eos_token_id], len(prompt)))
     return out
+
+
+def pad_id(tokenizer: PreTrainedTokenizerFast) -> int:
+    """The padding id; EOS where the tokenizer has no pad token (Llama-3). Padding never
+    reaches the loss or the attention, so any id does."""
+    return tokenizer.eos_token_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id
 
 
 def collate(batch: Sequence[tuple[list[int], int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,7 +85,32 @@ def lr_at(step: int, s: SFTSettings) -> float:
 def run_sft(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, rows: Sequence[dict],
             settings: SFTSettings, on_step: Callable[[int, float], None] | None = None) -> list[float]:
     """Train in place; returns the loss of every step (mean token cross-entropy, nats)."""
-    examples = encode_pairs(tokenizer, rows)
+    return train_on_examples(model, encode_pairs(tokenizer, rows), tokenizer.pad_token_id,
+                             settings, on_step)
+
+
+def token_loss(model: PreTrainedModel, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy (nats) over the labelled tokens of ids [B, T]."""
+    logits = model(input_ids=ids).logits[:, :-1]
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1),
+                           ignore_index=-100)
+
+
+def response_loss(model: PreTrainedModel, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """`token_loss` with logits computed only where there is a label. With an 8k+ vocabulary
+    and chat prompts longer than the responses, the [B, T, vocab] logits of prompt and
+    padding positions were about half of each step's time."""
+    hidden = model.get_decoder()(input_ids=ids).last_hidden_state[:, :-1]
+    targets = labels[:, 1:]
+    keep = targets != -100
+    return F.cross_entropy(model.get_output_embeddings()(hidden[keep]), targets[keep])
+
+
+def train_on_examples(model: PreTrainedModel, examples: Sequence[tuple[list[int], int]], pad: int,
+                      settings: SFTSettings, on_step: Callable[[int, float], None] | None = None,
+                      loss_fn: Callable[[PreTrainedModel, torch.Tensor, torch.Tensor], torch.Tensor] = token_loss,
+                      ) -> list[float]:
+    """`run_sft` on encoded (ids, number of prompt tokens) pairs, padded with `pad`."""
     rng = random.Random(settings.seed)
     batches = length_buckets(examples, settings.batch_tokens, rng)
     order: list[int] = []
@@ -88,10 +123,8 @@ def run_sft(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, rows: Se
             group["lr"] = lr_at(step, settings)
         if not order:  # a fresh pass over all batches, in random order
             order = rng.sample(range(len(batches)), len(batches))
-        ids, labels = collate(batches[order.pop()], tokenizer.pad_token_id)
-        logits = model(input_ids=ids).logits[:, :-1]
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1),
-                               ignore_index=-100)
+        ids, labels = collate(batches[order.pop()], pad)
+        loss = loss_fn(model, ids, labels)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -105,16 +138,33 @@ def run_sft(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, rows: Se
 
 @torch.no_grad()
 def greedy_generate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast,
-                    prompts: Sequence[str], max_new_tokens: int, batch_size: int = 64) -> list[str]:
-    """Greedy responses (text after the prompt, EOS stripped) with transformers."""
+                    prompts: Sequence[str], max_new_tokens: int, batch_size: int = 64,
+                    add_special_tokens: bool = True, stop_ids: Sequence[int] | None = None
+                    ) -> list[str]:
+    """Greedy responses (text after the prompt, special tokens stripped) with transformers.
+
+    `add_special_tokens=False` for chat-rendered prompts; `stop_ids`: every id that ends a
+    response (default: the tokenizer's EOS)."""
     model.eval()
+    pad = pad_id(tokenizer)
     out: list[str] = []
     for start in range(0, len(prompts), batch_size):
         chunk = list(prompts[start: start + batch_size])
-        enc = tokenizer(chunk, return_tensors="pt", padding=True)
-        gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                             pad_token_id=tokenizer.pad_token_id,
-                             eos_token_id=tokenizer.eos_token_id)
-        for row in gen[:, enc["input_ids"].shape[1]:]:
+        ids, mask = left_padded(tokenizer(chunk, add_special_tokens=add_special_tokens)["input_ids"], pad)
+        gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                             do_sample=False, pad_token_id=pad,
+                             eos_token_id=list(stop_ids) if stop_ids else tokenizer.eos_token_id)
+        for row in gen[:, ids.shape[1]:]:
             out.append(tokenizer.decode(row, skip_special_tokens=True))
     return out
+
+
+def left_padded(seqs: Sequence[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ids [B, T] and attention mask [B, T] (what batched generation needs)."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, seq in enumerate(seqs):
+        ids[i, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
+        mask[i, width - len(seq):] = 1
+    return ids, mask

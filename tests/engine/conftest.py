@@ -1,5 +1,6 @@
-"""The engine tier's model: a real tiny policy, built once per session (a short SFT, about
-a minute on an idle machine) under pytest's temp root.
+"""The engine tier's models, built once per session under pytest's temp root: the real tiny
+policy (a short SFT, about a minute on an idle machine) and `qwen2_model`, the CPU-size
+Qwen2 stand-in of `init-model --family qwen2` (BPE tokenizer, ChatML, untied embeddings).
 
 RHYMECTL_TEST_MODEL_CACHE=DIR builds it in DIR instead and reuses it across sessions:
 `init_model` returns at once when DIR already holds a model built with the same options.
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.policy.bootstrap import InitOptions, cached_manifest, init_model
+from pipeline.policy.family_build import FamilyOptions, init_family_model
 
 TEST_SFT_STEPS = 300
 
@@ -27,4 +29,16 @@ def tiny_model(tmp_path_factory) -> Path:
     options = InitOptions(task="sort", seed=0, eval_rows=32)
     options = replace(options, sft=replace(options.sft, steps=TEST_SFT_STEPS), sft_rows=4000)
     init_model(out, options, force=cached_manifest(out, options) is None)  # rebuilt when stale
+    return out
+
+
+@pytest.fixture(scope="session")
+def qwen2_model(tmp_path_factory) -> Path:
+    """Exactly what `rhymectl init-model --family qwen2` builds (the SFT is needed in full:
+    after half of it, greedy responses did not yet end at <|im_end|>)."""
+    cache = os.environ.get("RHYMECTL_TEST_MODEL_CACHE")
+    root = Path(cache) if cache else tmp_path_factory.mktemp("models")
+    out = root / "tiny-qwen2"
+    options = FamilyOptions(family="qwen2", seed=0)
+    init_family_model(out, options, force=cached_manifest(out, options) is None)
     return out
