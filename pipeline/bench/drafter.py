@@ -24,13 +24,18 @@ gives the median and p99 over passes.
 Reported per proposer: per_pass_ms (time inside `propose`: what the pass waits for), tau
 (tokens per sequence and pass) and accept_rate (accepted / drafted tokens) over the timed
 passes, build_s and history_bytes (resident memory the history added: RSS growth while
-building, in the first repeat, plus the int32 arrays the drafter keeps of it). For
+building, free heap handed back first and after, in the first repeat, plus the int32
+arrays the drafter keeps of it, which alias the workload's here). rhymectl's drafter also
+gives tree_bytes, the trees' own estimate after the build (history only) and after the
+window (with the live responses). For
 rhymectl's drafter also its parts (wait for background work, tokens recorded, budget,
-drafts) and background_ms (the work moved off the critical path, per pass).
+drafts) and background_ms (the CPU time of the work moved off the critical path, per
+pass: the last pass's job, done by the time the pass drafts).
 """
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
 import platform
@@ -88,8 +93,8 @@ def make_plan(live: list[int], group: int, mean_len: int, vocab: int, rhyme: flo
         errors.append(f"--group {group}: need at least 1 response per prompt")
     if not 16 <= mean_len <= 16384:
         errors.append(f"--mean-len {mean_len}: give 16 .. 16384 tokens")
-    if not 1000 <= vocab <= 1 << 20:
-        errors.append(f"--vocab {vocab}: give 1000 .. 1048576 token ids")
+    if not 16 <= vocab <= 1 << 20:
+        errors.append(f"--vocab {vocab}: give 16 .. 1048576 token ids")
     if not 0.0 <= rhyme <= 1.0:
         errors.append(f"--rhyme {rhyme}: give a rate in [0, 1]")
     if history_epochs < 1:
@@ -111,6 +116,16 @@ def make_plan(live: list[int], group: int, mean_len: int, vocab: int, rhyme: flo
 
 # ------------------------------------------------------------------ the two proposers
 
+def release_free_heap() -> None:
+    """Hand freed heap back to the system (glibc's malloc_trim, where there is one), so that
+    resident memory, and its growth, is what is live."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def rss_bytes() -> int:
     """Resident memory of this process (0 where /proc is missing)."""
     try:
@@ -131,6 +146,7 @@ class Side:
     close: Callable[[], None]
     parts: dict[str, list[float]] | None = None
     drafting: object = None
+    tree_bytes: int = 0  # the trees' own estimate right after the build (history only)
 
 
 def _history_records(work: wl.Workload) -> list[SimpleNamespace]:
@@ -155,12 +171,15 @@ def build_ours(work: wl.Workload, batch: InputBatch, k: int, max_model_len: int,
     drafting = Drafting(runner, spec, background=background)
     drafting.remember(_history_records(work))
     prompts = [p.tolist() for p in work.prompts]
+    release_free_heap()
     before = rss_bytes()
     t0 = time.perf_counter()
     drafting.prepare(prompts)
     drafting.ready()
     build_s = time.perf_counter() - t0
+    release_free_heap()
     growth = rss_bytes() - before
+    tree_bytes = drafting.drafter.stats().tree_bytes
     drafting.before(prompts, work.shape.group)
     proposer, drafter = drafting.proposer, drafting.drafter
     parts: dict[str, list[float]] = {n: [] for n in ("wait", "update", "budget", "draft",
@@ -168,7 +187,7 @@ def build_ours(work: wl.Workload, batch: InputBatch, k: int, max_model_len: int,
     names = (("wait", "wait_seconds"), ("update", "update_seconds"),
              ("budget", "budget_seconds"), ("draft", "draft_seconds"))
 
-    busy = [0.0]  # background seconds when the last call returned
+    busy = [0.0]  # background CPU seconds when the last call returned
 
     def propose(sampled):
         s = proposer.stats
@@ -177,13 +196,13 @@ def build_ours(work: wl.Workload, batch: InputBatch, k: int, max_model_len: int,
         for (n, a), w in zip(names, was):
             parts[n].append((getattr(s, a) - w) * 1e3)
         # the last pass's background job finished before this call drafted
-        now = drafter.background_busy_s
+        now = drafter.background_cpu_s
         parts["background"].append((now - busy[0]) * 1e3)
         busy[0] = now
         return out
 
     lane = Lane("ours" if background else "ours-inline", work, batch, propose, start)
-    return Side(lane, build_s, growth, drafter.close, parts, drafting)
+    return Side(lane, build_s, growth, drafter.close, parts, drafting, tree_bytes)
 
 
 def build_suffix(work: wl.Workload, batch: InputBatch, k: int, max_model_len: int,
@@ -191,11 +210,13 @@ def build_suffix(work: wl.Workload, batch: InputBatch, k: int, max_model_len: in
     from pipeline.rollout.speculation import suffix_proposer, warm_suffix_proposer
 
     proposer = suffix_proposer(k, max_model_len)
+    release_free_heap()
     before = rss_bytes()
     t0 = time.perf_counter()
     warm_suffix_proposer(proposer, [(prompt, ids) for prompt, hist in zip(work.prompts, work.history)
                                     for _, ids in hist])
     build_s = time.perf_counter() - t0
+    release_free_heap()
     growth = rss_bytes() - before
     lane = Lane("suffix", work, batch, lambda sampled: proposer.propose(k, batch, sampled), start)
     return Side(lane, build_s, growth, lambda: None)
@@ -257,8 +278,9 @@ def _first_repeat(side: Side) -> dict:
     if side.drafting is not None:
         drafter = side.drafting.drafter
         stats = drafter.stats()
-        out.update(tree_bytes=stats.tree_bytes, history_tokens=stats.history_tokens,
-                   sources=drafter.sources(), presumed_hits=drafter.presumed_hits)
+        out.update(tree_bytes=side.tree_bytes, history_tokens=stats.history_tokens,
+                   tree_bytes_after=stats.tree_bytes, sources=drafter.sources(),
+                   presumed_hits=drafter.presumed_hits)
     return out
 
 
@@ -295,6 +317,7 @@ def _point(plan: Plan, shape: wl.Shape, work: wl.Workload, start: int, logs: dic
         if name.startswith("ours"):
             side["history_bytes"] += 4 * first[name]["history_tokens"]
             side["tree_bytes"] = int(first[name]["tree_bytes"])
+            side["tree_bytes_after_window"] = int(first[name]["tree_bytes_after"])
             side["sources"] = first[name]["sources"]
             side["presumed_hits"] = first[name]["presumed_hits"]
             # parts: every propose call, the untimed first one included; the timed are last

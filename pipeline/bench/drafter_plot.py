@@ -13,7 +13,8 @@ LABELS = {"ours": "rhymectl drafter", "ours-inline": "rhymectl drafter, backgrou
 
 def write_drafter_plot(report: dict, path: str | Path) -> Path:
     """Left: every timed pass (ms against the rows it had, faint) and, per --live value,
-    the median with a bar up to the p99. Right: tau per lane and --live value."""
+    the median with a bar up to the p99 (dashed: the proposer thread's CPU time). Right:
+    tau per lane and --live value."""
     from matplotlib.figure import Figure
 
     lanes = report["workload"]["lanes"]
@@ -31,6 +32,8 @@ def write_drafter_plot(report: dict, path: str | Path) -> Path:
         ax.errorbar(xs, med, yerr=[[0] * len(med), [b - a for a, b in zip(med, p99)]],
                     color=color, marker="o", capsize=4, label=f"{LABELS.get(name, name)} "
                     f"(median, bar to p99)")
+        ax.plot(xs, [pt[name]["per_pass_cpu_ms"]["median"] for pt in points], color=color,
+                ls="--", marker=".", label=f"{LABELS.get(name, name)}, CPU time (median)")
         ax_tau.plot(xs, [pt[name]["tau"] for pt in points], color=color, marker="o",
                     label=LABELS.get(name, name))
     w = report["workload"]
@@ -40,6 +43,7 @@ def write_drafter_plot(report: dict, path: str | Path) -> Path:
     ax.legend(fontsize=8)
     ax_tau.set(xlabel="live requests", ylabel="tokens per pass and sequence (tau)",
                title=f"tau at rhyme {w['rhyme']}")
+    ax_tau.set_ylim(bottom=1.0)
     ax_tau.legend(fontsize=8)
     load = report["machine"]["loadavg_before"][0]
     fig.suptitle(f"rhymectl bench drafter: {report['machine']['cpus']} CPUs, load {load}, "

@@ -16,28 +16,17 @@ grow by a step's history every step.
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 from pipeline.bench import drafter_workload as wl
-from pipeline.bench.drafter import Plan, Progress, rss_bytes
+from pipeline.bench.drafter import Plan, Progress, release_free_heap, rss_bytes
 from pipeline.bench.drafter_sim import InputBatch, Lane
 
 COMMIT_EVERY = 5  # steps between index rebuilds (checkpoints)
 SOAK_PASSES = 20  # at most this many passes a step
-
-
-def _release_free_heap() -> None:
-    """Hand freed heap back to the system (glibc), so resident memory is what is live."""
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def _records(prompts, responses, epoch: int, step: int) -> list:
@@ -93,7 +82,7 @@ def soak(plan: Plan, steps: int, progress: Progress) -> dict:
                                                num_speculative_tokens=plan.k,
                                                history_epochs=epochs))
         drafting.use_run(run_dir)
-        _release_free_heap()
+        release_free_heap()
         base = rss_bytes()
         last = []
         for s in range(steps):
@@ -119,7 +108,7 @@ def soak(plan: Plan, steps: int, progress: Progress) -> dict:
             if (s + 1) % COMMIT_EVERY == 0:
                 index.build(run_dir, model, epochs)
             drafting.ready()
-            _release_free_heap()
+            release_free_heap()
             stats = drafting.drafter.stats()
             rows.append({"step": s, "rss_bytes": rss_bytes(), "rss_growth": rss_bytes() - base,
                          "history_tokens": stats.history_tokens,

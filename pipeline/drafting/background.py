@@ -34,7 +34,8 @@ class Background:
     def __init__(self, enabled: bool = True, name: str = "rhymectl-drafter"):
         self.enabled = enabled
         self.name = name
-        self.busy_s = 0.0  # seconds jobs have run, inline or in the thread
+        self.busy_s = 0.0  # seconds jobs have run, inline or in the thread (wall time)
+        self.busy_cpu_s = 0.0  # the CPU time of that (their thread's)
         self._jobs: deque[Job] = deque()
         self._cond = threading.Condition()
         self._pending = 0  # submitted, not finished
@@ -114,7 +115,7 @@ class Background:
                 self._cond.notify_all()
 
     def _run(self, job: Job, yielding: bool = False) -> None:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             steps = job()
             if steps is not None:
@@ -128,6 +129,7 @@ class Background:
                         time.sleep(0)  # let a waiting thread take the GIL
         finally:
             self.busy_s += time.perf_counter() - t0
+            self.busy_cpu_s += time.thread_time() - c0
 
 
 __all__ = ["Background", "Job", "OPTIONAL"]

@@ -544,6 +544,12 @@ class GroupDrafter:
         """`background_seconds()` without waiting (the running job not yet counted)."""
         return self._bg.busy_s
 
+    @property
+    def background_cpu_s(self) -> float:
+        """The CPU time of that work (its thread's: on a busy machine the wall time also
+        holds other threads' and processes' turns), without waiting."""
+        return self._bg.busy_cpu_s
+
     def close(self) -> None:
         """Finish the background work and end its thread (the drafter still works, inline)."""
         self._bg.close()
