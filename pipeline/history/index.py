@@ -33,9 +33,9 @@ import numpy as np
 import pyarrow.compute as pc
 
 from pipeline.errors import UsageError
-from pipeline.history.index_file import (FORMAT, INDEX_DIR, SCHEMA, Row, fingerprint,
-                                         footer_checked, locked, mismatch, rows_of, verified,
-                                         write)
+from pipeline.history.index_file import (FORMAT, INDEX_DIR, SCHEMA, Row, checked,
+                                         fingerprint, footer_checked, locked, mismatch,
+                                         rows_of, verified, write)
 from pipeline.history.epochs import last_epochs
 from pipeline.history.store import HistoryStore
 
@@ -215,6 +215,18 @@ def load(run_dir: str | Path, model_dir: str | Path | None,
         rows = [r for pid in by_prompt for r in last_epochs(by_prompt[pid], history_epochs)]
         meta = {**meta, "history_epochs": history_epochs}
     return HistoryIndex(rows, _stats(index_dir, rows, meta, HistoryStore(run_dir, readonly=True)))
+
+
+def check(run_dir: str | Path, model_dir: str | Path) -> bool:
+    """Whether RUN_DIR has an index; Corrupt or the mismatch error (one line, exit 2) when
+    it is damaged or another model's. The rows are not read (see `fetch`)."""
+    run_dir = Path(run_dir)
+    index_dir = run_dir / INDEX_DIR
+    if not (index_dir / "meta.json").exists() and not (index_dir / "history.parquet").exists():
+        return False
+    with locked(index_dir, exclusive=False):
+        checked(run_dir, fingerprint(model_dir), model_dir)
+    return True
 
 
 def fetch(run_dir: str | Path, keys: Sequence[str], history_epochs: int

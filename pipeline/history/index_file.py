@@ -192,6 +192,16 @@ def footer_checked(run_dir: Path) -> tuple[dict, pq.ParquetFile]:
     return meta, pf
 
 
+def checked(run_dir: Path, fp: dict | None = None, model_dir=None) -> dict:
+    """meta.json, against the model and the file's sha256 and footer, without reading the
+    rows (what a resume checks before the drafter reads row groups: `index.fetch`)."""
+    meta = _meta(run_dir, fp, model_dir)
+    if _sha256(run_dir / INDEX_DIR / "history.parquet") != meta["sha256"]:
+        raise Corrupt(run_dir, "sha256 of history.parquet differs from meta.json")
+    footer_checked(run_dir)
+    return meta
+
+
 def verified(run_dir: Path, fp: dict | None = None, model_dir=None) -> tuple[dict, pa.Table]:
     """meta.json and the table, every check passed; Corrupt or the mismatch error if not."""
     meta = _meta(run_dir, fp, model_dir)

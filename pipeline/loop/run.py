@@ -114,6 +114,8 @@ def setup(cfg: Config, rank: int, world: int, resume: bool, force: bool,
     dist.barrier()
     actor = Actor.build(cfg, world)
     engine = RolloutEngine.from_config(cfg)
+    if engine.drafting:  # history is read from the run (the step's prompts), not held whole
+        engine.drafting.use_run(run_dir)
     ctx = Context(cfg, rank, world, engine, actor, encoder, prompts, reward_fn, run_dir)
     ctx.tp = TPLayout(world, cfg.rollout.tensor_parallel_size)
     ctx.placement = RolloutPlacement.from_config(cfg.sched, ctx.tp.groups)
@@ -155,8 +157,8 @@ def restore(ctx: Context, state: dict | None) -> None:
 
 
 def restore_drafting(ctx: Context) -> None:
-    """Refill the drafter's history window from the run's index, refreshed (rank 0) to the
-    rolled-back history first. A missing index means live drafting only, with a warning; a
+    """Refresh the run's index (rank 0) to the rolled-back history, which the drafter then
+    reads prompt by prompt. A missing index means live drafting only, with a warning; a
     corrupt or foreign one stops the run (one line, exit 2) rather than being used."""
 
     drafting = ctx.engine.drafting
@@ -167,15 +169,13 @@ def restore_drafting(ctx: Context) -> None:
     if ctx.rank == 0 and present:
         index.build(ctx.run_dir, cfg.model.path, cfg.spec.history_epochs)
     dist.barrier()
-    loaded = index.load(ctx.run_dir, cfg.model.path, cfg.spec.history_epochs) if present else None
-    if loaded is None:
-        if ctx.rank == 0:
-            import sys
-            print(f"warning: {ctx.run_dir}/{index.INDEX_DIR} has no history index; drafting from "
-                  f"live siblings until history accumulates (build one with `rhymectl index build "
-                  f"{ctx.run_dir}`)", file=sys.stderr)
-        return
-    drafting.load_history(loaded.responses(as_arrays=True))
+    if present:  # a corrupt or foreign index is refused here, before it is read
+        index.check(ctx.run_dir, cfg.model.path)
+    elif ctx.rank == 0:
+        import sys
+        print(f"warning: {ctx.run_dir}/{index.INDEX_DIR} has no history index; drafting from "
+              f"live siblings until history accumulates (build one with `rhymectl index build "
+              f"{ctx.run_dir}`)", file=sys.stderr)
 
 
 def train(ctx: Context, view_factory: ViewFactory | None = None) -> None:

@@ -39,6 +39,9 @@ def rl_step(ctx: Context, step: int) -> StepResult:
         else:
             group = scheduler.generate(ctx, step, params)
         ctx.engine.sleep()  # its weights and KV cache go; the trainer gets the memory
+    if ctx.engine.drafting and step + 1 < cfg.train.total_steps:
+        # the next step's trees build in the background while reward and train run
+        ctx.engine.drafting.prepare(next_prompt_ids(ctx, step + 1))
     fault("after_rollout")
     busy_s = scheduler.busy_seconds(ctx.rank) if scheduler else phases.seconds["rollout"]
     with phases("reward"):
@@ -111,6 +114,19 @@ def static_rollout(ctx, step: int, params: Sampling) -> list:
         return out
     mine = {id(p) for p in shard(share, tp.tp_rank(ctx.rank), tp.tp)}
     return [r for r in out if id(r.prompt) in mine]
+
+
+def next_prompt_ids(ctx, step: int) -> list[list[int]]:
+    """The prompts this rank's engine will generate at `step`, as it will encode them: the
+    whole batch where a coordinated policy may place any group on any rank, else the share
+    of this rank's engine (what `static_rollout` generates)."""
+    batch = ctx.prompts.batch(step)
+    if ctx.scheduler is None:
+        tp = ctx.tp or TPLayout(ctx.world_size)
+        n = ctx.cfg.rollout.n
+        batch = [batch[g] for g in ctx.placement.share(len(batch), n, tp.group_of(ctx.rank),
+                                                       tp.groups)]
+    return ctx.encoder.encode_many([p.text for p in batch])
 
 
 def sampling(cfg, step: int) -> Sampling:
