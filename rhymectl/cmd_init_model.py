@@ -26,12 +26,12 @@ def register(app: typer.Typer) -> None:
 
 
 def init_model(
-    task: Optional[str] = typer.Option(None, help="Built-in task the SFT warm-up uses [sort]; "
-                                                  "not with --family."),
+    task: Optional[str] = typer.Option(None, help="Built-in task the SFT warm-up uses (default: "
+                                                  "sort); not with --family."),
     family: Optional[str] = typer.Option(None, help="qwen2 or llama: a stand-in of that model "
                                                     "family instead of the default policy."),
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="Model directory "
-                                                               "[models/tiny-TASK or models/tiny-FAMILY]."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Model directory (default: "
+                                                               "models/tiny-TASK, or models/tiny-FAMILY)."),
     seed: int = typer.Option(0, help="Seed: same seed, same model."),
     steps: Optional[int] = typer.Option(None, min=1, help="SFT steps [400; 300 with --family]."),
     force: bool = typer.Option(False, "--force", help="Rebuild even if cached."),

@@ -40,7 +40,7 @@ EVAL_MAX_NEW_TOKENS = 160  # the longest reference answer is about 110 tokens
 
 
 def default_sft() -> SFTSettings:
-    return SFTSettings(steps=300, batch_tokens=4096, lr=3e-3, warmup=30)
+    return SFTSettings(steps=300, batch_tokens=2048, lr=3e-3, warmup=30)
 
 
 @dataclass(frozen=True)
