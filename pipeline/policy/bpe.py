@@ -30,7 +30,7 @@ def train_bpe_tokenizer(texts: Iterable[str], family: Family, vocab_size: int) -
     """
     if vocab_size < MIN_VOCAB:
         raise UsageError(f"vocabulary size {vocab_size} is too small; use at least {MIN_VOCAB}")
-    tok = Tokenizer(models.BPE(ignore_merges=family.name == "llama"))
+    tok = Tokenizer(models.BPE(ignore_merges=family.ignore_merges))
     if family.nfc:
         tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([

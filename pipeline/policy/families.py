@@ -80,6 +80,7 @@ class Family:
     config_bos: str  # config.json bos_token_id
     split_pattern: str
     nfc: bool  # NFC-normalise text before splitting
+    ignore_merges: bool  # a whole pre-token in the vocabulary is one token (Llama-3's BPE)
     chat_template: str
     tie_embeddings: bool
     attention_bias: bool  # q/k/v biases (Qwen2's come with the architecture)
@@ -94,7 +95,7 @@ QWEN2 = Family(
     specials=("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
     bos=None, eos="<|im_end|>", pad="<|endoftext|>",
     stop=("<|im_end|>", "<|endoftext|>"), config_eos=("<|im_end|>",), config_bos="<|endoftext|>",
-    split_pattern=QWEN2_SPLIT, nfc=True, chat_template=CHATML_TEMPLATE,
+    split_pattern=QWEN2_SPLIT, nfc=True, ignore_merges=False, chat_template=CHATML_TEMPLATE,
     tie_embeddings=False, attention_bias=True, vocab_multiple=128,
     rope={"rope_type": "default", "rope_theta": 1000000.0}, max_positions=32768,
     rms_norm_eps=1e-6,
@@ -106,7 +107,7 @@ LLAMA = Family(
     bos="<|begin_of_text|>", eos="<|eot_id|>", pad=None,
     stop=("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"),
     config_eos=("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"), config_bos="<|begin_of_text|>",
-    split_pattern=LLAMA3_SPLIT, nfc=False, chat_template=LLAMA3_TEMPLATE,
+    split_pattern=LLAMA3_SPLIT, nfc=False, ignore_merges=True, chat_template=LLAMA3_TEMPLATE,
     tie_embeddings=True, attention_bias=False, vocab_multiple=1,
     rope={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
