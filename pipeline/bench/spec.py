@@ -218,8 +218,8 @@ def run_method(plan: Plan, method: str, work: list[EpochWork], advance,
                 spec = sampling(cfg, sw.step)
                 before = drafting.times() if drafting is not None else None
                 t0 = time.perf_counter()
-                groups = engine.generate(sw.prompt_ids, spec)
-                result.add(engine.last_passes, time.perf_counter() - t0, groups)
+                out = engine.generate(sw.prompt_ids, spec)
+                result.add(out.stats.passes, time.perf_counter() - t0, out.groups)
                 if drafting is not None:
                     result.add_drafter_parts(drafting.times().minus(before))
                 advance()

@@ -69,11 +69,11 @@ def evaluate(ctx: Context, prompts: list[Prompt]) -> dict:
         logprobs=False) if k else None
     mine: tuple[list[float], list[list[float]]] = ([], [])
     if share:  # every rank of a TP group drives its engine; only the leader counts
-        done = rollouts.generate(ctx.engine, ctx.encoder, share, greedy)
+        done, _ = rollouts.generate(ctx.engine, ctx.encoder, share, greedy)
         rollouts.score(done, ctx.reward_fn)
         mine = ([x.reward for x in done], [])
         if sampled is not None:
-            done = rollouts.generate(ctx.engine, ctx.encoder, share, sampled)
+            done, _ = rollouts.generate(ctx.engine, ctx.encoder, share, sampled)
             rollouts.score(done, ctx.reward_fn)
             mine[1].extend([x.reward for x in done[i * k:(i + 1) * k]] for i in range(len(share)))
         if not tp.is_leader(ctx.rank):

@@ -8,7 +8,7 @@ from typing import Callable, Mapping, Sequence
 import torch
 
 from pipeline.history.store import RolloutRecord, prompt_hash
-from pipeline.rollout.contract import Completion, RolloutBackend, Sampling
+from pipeline.rollout.contract import Completion, RolloutBackend, RolloutStats, Sampling
 from pipeline.tasks.chat import PromptEncoder
 from pipeline.tasks.prompts import Prompt
 from pipeline.train import grpo
@@ -33,20 +33,21 @@ class Rollout:
 
 def generate(engine: RolloutBackend, encoder: PromptEncoder, prompts: Sequence[Prompt],
              sampling: Sampling, keep: int | None = None,
-             pinned: Sequence[bool] = ()) -> list[Rollout]:
-    """`sampling.n` responses per prompt, flattened group by group. With `keep` (tail
-    batching), only the first `keep` groups to complete (the pinned ones among them)."""
+             pinned: Sequence[bool] = ()) -> tuple[list[Rollout], RolloutStats]:
+    """`sampling.n` responses per prompt, flattened group by group, and what the engine
+    measured. With `keep` (tail batching), only the first `keep` groups to complete (the
+    pinned ones among them)."""
     prompt_ids = encoder.encode_many([p.text for p in prompts])
     if keep is None:
-        groups = engine.generate(prompt_ids, sampling)
+        result = engine.generate(prompt_ids, sampling)
     else:
-        groups = engine.generate_first(prompt_ids, sampling, keep, pinned)
+        result = engine.generate_first(prompt_ids, sampling, keep, pinned)
     out = []
-    for prompt, ids, group in zip(prompts, prompt_ids, groups):
+    for prompt, ids, group in zip(prompts, prompt_ids, result.groups):
         for k, completion in enumerate(group or ()):
             text = encoder.decode(completion.token_ids)
             out.append(Rollout(prompt, ids, k, completion, text))
-    return out
+    return out, result.stats
 
 
 def score(rollouts: list[Rollout], reward_fn: Callable[[str, str, str], float]) -> None:

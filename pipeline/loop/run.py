@@ -160,11 +160,9 @@ def restore_drafting(ctx: Context) -> None:
     """Refresh the run's index (rank 0) to the rolled-back history, which the drafter then
     reads prompt by prompt. A missing index means live drafting only, with a warning; a
     corrupt or foreign one stops the run (one line, exit 2) rather than being used."""
-
-    drafting = ctx.engine.drafting
-    if drafting is None or not method(drafting.spec.method).history:
-        return
     cfg = ctx.cfg
+    if ctx.engine.drafting is None or not method(cfg.spec.method).history:
+        return
     present = (ctx.run_dir / index.INDEX_DIR).is_dir()
     if ctx.rank == 0 and present:
         index.build(ctx.run_dir, cfg.model.path, cfg.spec.history_epochs)

@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from pipeline.costs import CostModel, bubble_ratio, fit, tau
 from pipeline.distributed import CoordinationStore
-from pipeline.rollout.contract import Completion
+from pipeline.rollout.contract import Completion, RequestId, RolloutStats
 from pipeline.sched.types import Chunk, Dispatcher, GroupWork, Placement, Request
 
 POLL_S = 0.0005  # idle wait between store polls
@@ -64,6 +64,7 @@ class StepRollout:
     workers: list[WorkerTimes] = field(default_factory=list)
     makespan_s: float = 0.0
     migrations: int = 0
+    local: RolloutStats | None = None  # what this rank's engine measured (its stream)
 
     @property
     def bubble_ratio(self) -> float:
@@ -166,11 +167,9 @@ def rollout(engine, prompts: Sequence[list[int]], groups: Sequence[GroupWork], s
                 g, s, prefix = a["g"], a["s"], a["prefix"]
                 remaining = sampling.max_tokens - len(prefix)
                 budget = remaining if a["budget"] is None else min(a["budget"], remaining)
-                seed = None if sampling.seed is None else \
-                    sampling.seed + g * sampling.n + s + 1_000_003 * a["chunk"]
-                engine.submit(f"{g}:{s}:{a['chunk']}", list(prompts[g]) + list(prefix),
-                              replace(sampling, n=1, max_tokens=budget, seed=seed),
-                              prompt_len=len(prompts[g]))
+                # seeded by its id: chunk 0 draws what the unchunked response would
+                engine.submit(RequestId(g, s, a["chunk"]), list(prompts[g]) + list(prefix),
+                              replace(sampling, max_tokens=budget), prompt_len=len(prompts[g]))
                 times.chunks += 1
                 times.migrated_in += bool(prefix)
             if engine.busy():
@@ -180,11 +179,10 @@ def rollout(engine, prompts: Sequence[list[int]], groups: Sequence[GroupWork], s
                 t1 = time.perf_counter()
                 times.busy_s += t1 - t0
                 times.timeline.append((t0 - clock0, t1 - clock0, running))
-                for key, c in finished if leader else ():
-                    g, s, _ = (int(x) for x in key.split(":"))
-                    event = {"g": g, "s": s, "tokens": c.token_ids, "logprobs": c.logprobs,
-                             "finish": c.finish_reason, "gen_s": c.gen_seconds,
-                             "t": time.time() - started}
+                for rid, c in finished if leader else ():
+                    event = {"g": rid.group, "s": rid.sample, "tokens": c.token_ids,
+                             "logprobs": c.logprobs, "finish": c.finish_reason,
+                             "gen_s": c.gen_seconds, "t": time.time() - started}
                     channel.set(f"e/{worker}/{posted}", json.dumps(event))
                     posted += 1
                     channel.add(f"en/{worker}", 1)
@@ -200,10 +198,9 @@ def rollout(engine, prompts: Sequence[list[int]], groups: Sequence[GroupWork], s
             if not engine.busy():
                 time.sleep(POLL_S)
     finally:
-        engine.close_stream()
+        local = engine.close_stream()
     times.wall_s = time.time() - started
-    times.passes = engine.last_passes
-    times.generated, times.requests = engine.last_output
+    times.passes, times.generated, times.requests = local.passes, local.generated, local.requests
     result = [coordinator.result() if coordinator else None]
     dist.broadcast_object_list(result, src=0)  # every rank has left its loop
     if rank == 0:
@@ -212,7 +209,7 @@ def rollout(engine, prompts: Sequence[list[int]], groups: Sequence[GroupWork], s
     groups_out, makespan, migrations = result[0]
     all_times = [None] * world
     dist.all_gather_object(all_times, times)
-    return StepRollout(groups_out, all_times[::tp_size], makespan, migrations)
+    return StepRollout(groups_out, all_times[::tp_size], makespan, migrations, local)
 
 
 class _Coordinator:
@@ -259,7 +256,7 @@ class _Coordinator:
         groups: dict[int, dict[int, Completion]] = {}
         for r, parts in self.parts.items():
             groups.setdefault(r.group, {})[r.sample] = Completion(
-                request_id=f"{r.group}:{r.sample}",
+                request_id=str(RequestId(r.group, r.sample)),
                 token_ids=[t for p in parts for t in p["tokens"]],
                 logprobs=[x for p in parts for x in p["logprobs"]],
                 finish_reason=parts[-1]["finish"], gen_seconds=sum(p["gen_s"] for p in parts),

@@ -13,7 +13,7 @@ from pipeline.loop.context import Context
 from pipeline.loop.metrics import summarize_lengths
 from pipeline.loop.timer import PhaseTimer
 from pipeline.loop.tp_groups import TPLayout
-from pipeline.rollout.contract import Sampling
+from pipeline.rollout.contract import DraftingState, RolloutStats, Sampling
 
 
 @dataclass
@@ -33,11 +33,11 @@ def rl_step(ctx: Context, step: int) -> StepResult:
 
     with phases("rollout"):  # the engine is awake, holding the policy of `version`
         if launched:
-            group = tail_rollout(ctx, params, launched)
+            group, stats = tail_rollout(ctx, params, launched)
         elif scheduler is None:
-            group = static_rollout(ctx, step, params)
+            group, stats = static_rollout(ctx, step, params)
         else:
-            group = scheduler.generate(ctx, step, params)
+            group, stats = scheduler.generate(ctx, step, params)
         ctx.engine.sleep()  # its weights and KV cache go; the trainer gets the memory
     if ctx.engine.drafting and step + 1 < cfg.train.total_steps:
         # the next step's trees build in the background while reward and train run
@@ -54,9 +54,7 @@ def rl_step(ctx: Context, step: int) -> StepResult:
         ctx.engine.update_weights(ctx.actor.named_weights(), version + 1)
         ctx.policy_version = version + 1
     fault("after_sync")
-    spec_metrics = ctx.engine.spec_metrics()
-    if launched:
-        spec_metrics["tail_dropped_tokens"] = ctx.engine.last_dropped_tokens
+    spec_metrics = rollout_metrics(stats, ctx.engine.drafting, tail=bool(launched))
     with phases("gather"):
         epochs = {id(x.prompt): x.epoch for x in launched} if launched else None
         records = rollouts.to_records(group, epoch, step, version, epochs)
@@ -77,7 +75,19 @@ def rl_step(ctx: Context, step: int) -> StepResult:
     return StepResult(metrics, records)
 
 
-def tail_rollout(ctx, params: Sampling, launched: list) -> list:
+def rollout_metrics(stats: RolloutStats, drafting: DraftingState | None, tail: bool) -> dict:
+    """This rank's speculation metrics of the rollout (`spec_*`, with rhymectl's drafter
+    its counters since the last call) and, with tail batching, the tokens of the groups
+    it dropped."""
+    out = stats.spec_metrics()
+    if stats.speculating and drafting is not None:
+        out.update(drafting.stats())
+    if tail:
+        out["tail_dropped_tokens"] = stats.dropped_tokens
+    return out
+
+
+def tail_rollout(ctx, params: Sampling, launched: list) -> tuple[list, RolloutStats]:
     """Tail batching (`pipeline.loop.tail_queue`): each rank launches its share of the
     over-provisioned batch and keeps the first groups to complete, the pinned ones among
     them, as many as its share of data.train_batch_size."""
@@ -99,7 +109,7 @@ def settle_tail(tail, launched: list, records: list) -> dict:
             "tail_queue": len(tail.deferred)}
 
 
-def static_rollout(ctx, step: int, params: Sampling) -> list:
+def static_rollout(ctx, step: int, params: Sampling) -> tuple[list, RolloutStats]:
     """This rank's rollouts when every rollout worker runs its own share of the run's
     placement plan (`ctx.placement` runs locally: static, the contiguous split, or any
     policy on one worker). Each TP group's engine generates the group's share (every rank
@@ -109,11 +119,11 @@ def static_rollout(ctx, step: int, params: Sampling) -> list:
     batch = ctx.prompts.batch(step)
     share = [batch[g] for g in ctx.placement.share(len(batch), params.n, tp.group_of(ctx.rank),
                                                    tp.groups)]
-    out = rollouts.generate(ctx.engine, ctx.encoder, share, params)
+    out, stats = rollouts.generate(ctx.engine, ctx.encoder, share, params)
     if tp.tp == 1:
-        return out
+        return out, stats
     mine = {id(p) for p in shard(share, tp.tp_rank(ctx.rank), tp.tp)}
-    return [r for r in out if id(r.prompt) in mine]
+    return [r for r in out if id(r.prompt) in mine], stats
 
 
 def next_prompt_ids(ctx, step: int) -> list[list[int]]:

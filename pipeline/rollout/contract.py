@@ -5,8 +5,12 @@ rollout engine, as a typing Protocol, and the data that crosses it. `RolloutEngi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterable, Protocol, Sequence
+
+from pipeline.rollout.meter import PassCounts
+from pipeline.rollout.request_id import RequestId
 
 
 @dataclass
@@ -45,41 +49,95 @@ class Sampling:
                    logprobs=logprobs)
 
 
-class RolloutBackend(Protocol):
-    """generate / stream / update_weights / sleep / metrics.
+@dataclass
+class RolloutStats:
+    """What one rollout measured on one engine: a `generate`, a `generate_first`, or a
+    stream from `open_stream` to `close_stream`."""
 
-    Token ids in and out; `generate` returns one list of `n` completions per prompt. The
-    stream (`open_stream` ... `close_stream`) takes requests one by one, for a runtime that
-    places them over ranks. Generation needs the engine awake. `sleep` gives its memory to
-    the trainer and discards its weights; `update_weights` loads the policy of `version`
-    and wakes it (also valid when awake).
+    passes: PassCounts = field(default_factory=PassCounts)  # target forward passes (meter)
+    generated: int = 0  # tokens generated, over every request
+    requests: int = 0  # engine requests: responses, or a stream's chunks
+    dropped_tokens: int = 0  # generate_first: finished responses' tokens of dropped groups
+    speculating: bool = False  # the engine verifies drafts (spec.method is not none)
+
+    def spec_metrics(self) -> dict[str, float]:
+        """Speculation in this rollout, the same accounting for every method (see
+        `pipeline.rollout.meter`); {} without speculation. rhymectl's drafter adds its own
+        counters (`DraftingState.stats`)."""
+        if not self.speculating:
+            return {}
+        c, generated, requests = self.passes, self.generated, self.requests
+        return {"spec_tau": c.tau(generated, requests),
+                "spec_accept_rate": c.accept_rate(generated, requests),
+                "spec_drafter_s": c.draft_seconds, "spec_passes": c.passes,
+                **c.path_metrics()}  # spec_critical_passes, spec_tail_passes
+
+
+@dataclass
+class RolloutResult:
+    """groups[p]: prompt p's `n` completions, in sample order (None only from
+    `generate_first`, for a group it dropped); stats: what the rollout measured."""
+
+    groups: list[list[Completion] | None]
+    stats: RolloutStats
+
+
+class DraftingState(Protocol):
+    """rhymectl's drafter as the loop drives it across steps (implemented by
+    `pipeline.rollout.speculation.Drafting`); the engine feeds it during generation."""
+
+    def use_run(self, run_dir: Path) -> None:
+        """Read history from the run directory's index and history store (once, at setup)."""
+
+    def prepare(self, prompts: Sequence[Sequence[int]], records: Sequence = ()) -> None:
+        """The next rollout's prompts (token ids, as it will encode them): their trees are
+        built in the background while the trainer runs."""
+
+    def remember(self, records: Sequence) -> None:
+        """One step's rollout records (every rank's) join the history."""
+
+    def stats(self) -> dict[str, float]:
+        """The drafter's `spec_*` counters since the last call."""
+
+
+class RolloutBackend(Protocol):
+    """generate / stream / update_weights / sleep.
+
+    Token ids in and out; `generate` returns one list of `n` completions per prompt and
+    what the rollout measured. The stream (`open_stream` ... `close_stream`) takes
+    requests one by one, for a runtime that places them over ranks. Generation needs the
+    engine awake. `sleep` gives its memory to the trainer and discards its weights;
+    `update_weights` loads the policy of `version` and wakes it (also valid when awake).
+
+    Requests are named by `RequestId` and seeded by it (`RequestId.seed`, from the
+    sampling's step seed and group size), whichever call generates them.
     """
 
-    drafting: Any  # the speculative drafter (`speculation.Drafting`), None without one
+    drafting: DraftingState | None  # rhymectl's drafter; None for every other method
 
-    def generate(self, prompts: Sequence[list[int]], sampling: Sampling) -> list[list[Completion]]: ...
+    def generate(self, prompts: Sequence[list[int]],
+                 sampling: Sampling) -> RolloutResult: ...
 
     def generate_first(self, prompts: Sequence[list[int]], sampling: Sampling, keep: int,
-                       pinned: Sequence[bool] = ()) -> list[list[Completion] | None]: ...
+                       pinned: Sequence[bool] = ()) -> RolloutResult: ...
 
     def open_stream(self, prompts: Sequence[list[int]], n: int) -> None: ...
 
-    def submit(self, key: str, prompt_ids: Sequence[int], sampling: Sampling, *,
+    def submit(self, request: RequestId, prompt_ids: Sequence[int], sampling: Sampling, *,
                prompt_len: int | None = None) -> None: ...
 
-    def step(self) -> list[tuple[str, Completion]]: ...
+    def step(self) -> list[tuple[RequestId, Completion]]: ...
 
     def busy(self) -> bool: ...
 
     def running(self) -> int: ...
 
-    def close_stream(self) -> None: ...
+    def close_stream(self) -> RolloutStats: ...
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None: ...
 
     def sleep(self) -> None: ...
 
-    def spec_metrics(self) -> dict[str, float]: ...
 
-
-__all__ = ["Completion", "RolloutBackend", "Sampling"]
+__all__ = ["Completion", "DraftingState", "RequestId", "RolloutBackend", "RolloutResult",
+           "RolloutStats", "Sampling"]

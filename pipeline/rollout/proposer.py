@@ -35,6 +35,7 @@ from pipeline.drafting.budget import DraftBudget, TreeBudget
 from pipeline.drafting.calibration import conditional
 from pipeline.drafting.critical import CriticalBudget
 from pipeline.drafting.drafter import GroupDrafter
+from pipeline.rollout.request_id import caller_id
 
 CLASS_PATH = "pipeline.rollout.proposer.RhymeProposer"
 Budget = DraftBudget | CriticalBudget | TreeBudget  # what sizes the drafts (spec.budget)
@@ -113,8 +114,7 @@ class RhymeProposer:
     def _original_prompt_len(self, req_id: str, n_prompt: int) -> int:
         if not self._prompt_lens:
             return n_prompt
-        # vLLM appends "-<8 random characters>" to the request id it was given
-        external = req_id.rsplit("-", 1)[0] if isinstance(req_id, str) else req_id
+        external = caller_id(req_id) if isinstance(req_id, str) else req_id
         return min(n_prompt, self._prompt_lens.pop(external, n_prompt))
 
     def load_model(self, *args, **kwargs) -> None:

@@ -55,8 +55,8 @@ def test_critical_path_keys_from_the_real_engine(tiny_model):
     results = {}
     for method in ("none", "history+group"):
         engine = RolloutEngine.from_config(cfg, spec=replace(cfg.spec, method=method))
-        groups = engine.generate(prompts, sampling)
-        counts = engine.last_passes
+        result = engine.generate(prompts, sampling)
+        groups, counts = result.groups, result.stats.passes
         lengths = [len(c.token_ids) for g in groups for c in g]
         log = counts.pass_log({c.request_id: len(c.token_ids) for g in groups for c in g})
         path = critical_path(log)
@@ -73,7 +73,7 @@ def test_critical_path_keys_from_the_real_engine(tiny_model):
             assert path.tail_tau in (None, 1.0)
         else:
             assert path.critical_tau >= 1.0
-            metrics = engine.spec_metrics()
+            metrics = result.stats.spec_metrics()
             assert metrics["spec_critical_passes"] == path.critical_passes
             assert metrics["spec_tail_passes"] == path.tail_passes
         results[method] = MethodResult(method)

@@ -27,7 +27,7 @@ def generate(model_dir):
     engine = engine_mod.RolloutEngine(ModelConfig(path=str(model_dir)), RolloutConfig(),
                                       max_model_len=256, seed=0)
     prompts = chat_prompts(model_dir) * 10
-    return engine.generate(prompts, Sampling(n=8, temperature=1.0, max_tokens=4, seed=7))
+    return engine.generate(prompts, Sampling(n=8, temperature=1.0, max_tokens=4, seed=7)).groups
 
 
 def test_a_step_larger_than_the_token_budget_runs(qwen2_model):

@@ -43,7 +43,7 @@ def test_greedy_chat_responses_stop_at_im_end_and_match_transformers(engine, qwe
     rows = sample_split("gsm8k")["test"][:QUESTIONS]
     prompts = [chat_prompt(tok, r["question"]) for r in rows]
     groups = engine.generate([tok(p, add_special_tokens=False)["input_ids"] for p in prompts],
-                             Sampling(n=1, temperature=0.0, max_tokens=200))
+                             Sampling(n=1, temperature=0.0, max_tokens=200)).groups
     completions = [g[0] for g in groups]
     assert [(c.finish_reason, c.token_ids[-1]) for c in completions] == [("stop", im_end)] * QUESTIONS
     assert all(im_end not in c.token_ids[:-1] for c in completions)

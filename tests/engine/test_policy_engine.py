@@ -48,7 +48,7 @@ def greedy_pair(engine, model_dir, prompts, max_tokens=60):
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     groups = engine.generate([tok(p)["input_ids"] for p in prompts],
-                             Sampling(n=1, temperature=0.0, max_tokens=max_tokens))
+                             Sampling(n=1, temperature=0.0, max_tokens=max_tokens)).groups
     vllm_text = [tok.decode(g[0].token_ids, skip_special_tokens=True) for g in groups]
     hf = AutoModelForCausalLM.from_pretrained(model_dir)
     return vllm_text, greedy_generate(hf, tok, prompts, max_tokens), hf
@@ -93,7 +93,7 @@ def test_sampled_groups_have_logprobs_and_finish_reasons(engine, tiny_model):
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
     spec = Sampling(n=4, temperature=1.0, max_tokens=24, seed=7)
-    groups = engine.generate([tok(p)["input_ids"] for p in PROMPTS[:2]], spec)
+    groups = engine.generate([tok(p)["input_ids"] for p in PROMPTS[:2]], spec).groups
     assert [len(g) for g in groups] == [4, 4]
     for g in groups:
         for c in g:
@@ -101,10 +101,11 @@ def test_sampled_groups_have_logprobs_and_finish_reasons(engine, tiny_model):
             assert all(lp <= 0.0 for lp in c.logprobs)
             assert c.finish_reason in ("stop", "length")
             assert c.finish_reason != "length" or len(c.token_ids) == 24
-    again = engine.generate([tok(p)["input_ids"] for p in PROMPTS[:2]], spec)
+    again = engine.generate([tok(p)["input_ids"] for p in PROMPTS[:2]], spec).groups
     assert [[c.token_ids for c in g] for g in again] == [[c.token_ids for c in g] for g in groups]
     # without logprobs (the loop's steps between sampler checks): the same samples
-    bare = engine.generate([tok(p)["input_ids"] for p in PROMPTS[:2]], replace(spec, logprobs=False))
+    bare = engine.generate([tok(p)["input_ids"] for p in PROMPTS[:2]],
+                           replace(spec, logprobs=False)).groups
     assert [[c.token_ids for c in g] for g in bare] == [[c.token_ids for c in g] for g in groups]
     assert all(c.logprobs == [] for g in bare for c in g)
 
@@ -117,9 +118,9 @@ def test_pass_meter_counts_every_target_pass(engine, tiny_model):
     from pipeline.rollout.engine import Sampling
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
-    groups = engine.generate([tok(p)["input_ids"] for p in PROMPTS],
+    result = engine.generate([tok(p)["input_ids"] for p in PROMPTS],
                              Sampling(n=3, temperature=1.0, max_tokens=40, seed=5))
-    c = engine.last_passes
+    groups, c = result.groups, result.stats.passes
     lengths = [len(x.token_ids) for g in groups for x in g]
     generated, requests = sum(lengths), len(lengths)
     assert c.prefill_seq_passes == requests

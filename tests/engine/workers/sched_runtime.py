@@ -44,7 +44,7 @@ def main(model: str, out: str) -> None:
         dist.barrier()
         result["store_keys"].append(store.num_keys())
     if rank == 0:
-        plain = engine.generate(prompts, sampling)
+        plain = engine.generate(prompts, sampling).groups
         result["plain"] = [[c.token_ids for c in g] for g in plain]
         with open(out, "w") as fh:
             json.dump(result, fh)

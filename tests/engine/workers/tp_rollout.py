@@ -24,8 +24,8 @@ def main(model: str, out: str) -> None:
     tok = AutoTokenizer.from_pretrained(model)
     prompts = [tok(r["prompt"])["input_ids"] for r in get_task("sort").generate(4, 5)]
     greedy = Sampling(n=1, temperature=0.0, max_tokens=40)
-    before = [g[0].token_ids for g in engine.generate(prompts, greedy)]
-    sampled = engine.generate(prompts, Sampling(n=2, temperature=1.0, max_tokens=40, seed=7))
+    before = [g[0].token_ids for g in engine.generate(prompts, greedy).groups]
+    sampled = engine.generate(prompts, Sampling(n=2, temperature=1.0, max_tokens=40, seed=7)).groups
 
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
     gen = torch.Generator().manual_seed(3)
@@ -37,7 +37,7 @@ def main(model: str, out: str) -> None:
     full = dict(hf.named_parameters())["model.embed_tokens.weight"]
     start = rank * vocab.shape[0]
     rows = max(0, min(vocab.shape[0], full.shape[0] - start))
-    after = [g[0].token_ids for g in engine.generate(prompts, greedy)]
+    after = [g[0].token_ids for g in engine.generate(prompts, greedy).groups]
     reference = []
     for ids in prompts:
         gen_ids = hf.generate(torch.tensor([ids]), max_new_tokens=40, do_sample=False,

@@ -40,7 +40,7 @@ def main(model: str, out: str) -> None:
                         "workers": len(r.workers), "chunks": [w.chunks for w in r.workers]}
         dist.barrier()
     if layout.group_of(rank) == 0:  # both ranks of group 0 drive its engine
-        plain = engine.generate(prompts, spec)
+        plain = engine.generate(prompts, spec).groups
         result["plain"] = [[c.token_ids for c in g] for g in plain]
     dist.barrier()
     if rank == 0:
