@@ -69,7 +69,8 @@ def init_model(
     out.print(f"  SFT             {sft['steps']} steps, loss {sft['loss_curve'][0]:.3f} → "
               f"{sft['loss_curve'][-1]:.3f} (mean per tenth: {', '.join(f'{x:.2f}' for x in sft['loss_curve'])})")
     out.print(f"  held-out greedy accuracy  {manifest['heldout']['greedy_accuracy']:.1%} "
-              f"on {manifest['heldout']['prompts']} prompts ({task})")
+              f"on {manifest['heldout']['prompts']} {task} prompts outside the SFT data "
+              f"(a run's held-out set leaves out only its RL prompts: docs/guide.md)")
 
 
 def _init_family(name: str, out_dir: Optional[Path], seed: int, steps: Optional[int],

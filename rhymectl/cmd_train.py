@@ -90,7 +90,7 @@ def heldout_lines(evals: list[dict]) -> list[str]:
     if len(evals) < 2:
         return []
     first, last = evals[0], evals[-1]
-    span = f"step {first['step']} → {last['step']}, {last['prompts']} held-out prompts"
+    span = f"step {first['step']} → {last['step']}, {last['prompts']} held-out prompts, none in the RL batches"
     lines = []
     if "mean_at_k_reward" in first and "mean_at_k_reward" in last:
         k, t = last.get("k"), last.get("temperature")

@@ -30,7 +30,7 @@ WORDS = (
     "sometimes four head above kind began almost live page got earth need far hand high year "
     "mother light parts country father let night following picture being study second eyes "
     "soon times story boys since white days ever paper hard near sentence better best across "
-    "during today others however sure means knew try told young miles sun ways thing whole "
+    "during become others however sure means knew try told young miles sun ways thing whole "
     "hear example heard several change answer room sea against top turned learn point city play "
     "toward five using himself usually money seen car morning given problem total each per "
     "solve equal sum product divide multiply remainder fraction probability area perimeter"

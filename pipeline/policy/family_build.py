@@ -35,7 +35,7 @@ from pipeline.tasks.math_rewards import gsm8k_reward
 from pipeline.tasks.sample_data import sample_split
 from pipeline.tasks.word_problems import gsm8k_rows
 
-FAMILY_BUILD_VERSION = 1  # bump when the recipe changes, so stale caches are rebuilt
+FAMILY_BUILD_VERSION = 2  # bump when the recipe changes, so stale caches are rebuilt
 EVAL_MAX_NEW_TOKENS = 160  # the longest reference answer has 122 tokens (qwen2)
 
 
