@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 
 from pipeline.config.schema import RolloutConfig, SchedConfig
 from pipeline.errors import UsageError
+from pipeline.history.lengths import LengthEvidence
 from pipeline.sched.load import SPEC_COST_MODELS
 from pipeline.sched.predictor import LengthPredictor
 from pipeline.sched.events import simulate_events
@@ -59,7 +60,7 @@ def step_groups(trace: Trace, setup: BenchSetup) -> tuple[list[GroupWork], Lengt
     if setup.workers > available:
         raise UsageError(f"--workers {setup.workers} is larger than the {available} requests of "
                          f"{trace.source} (epoch {epoch}); give at most {available} workers")
-    predictor = LengthPredictor(trace.history(epoch))
+    predictor = LengthPredictor(LengthEvidence(trace.history(epoch)))
     drawn = draw_groups(pool, setup.workers * setup.requests_per_worker, setup.seed)
     groups = [GroupWork(g.group_id, len(g.lengths), predictor.predict(g.group_id),
                         predictor.known(g.group_id), g.lengths) for g in drawn]

@@ -72,6 +72,7 @@ from typing import Callable, Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from pipeline.history.lengths import LengthEvidence
 from pipeline.history.store import prompt_hash
 from pipeline.drafting.background import OPTIONAL, Background
 from pipeline.drafting.global_tree import GlobalTree
@@ -103,7 +104,8 @@ class GroupDrafter:
         self._drafts = 0
         self._drafted_tokens = 0
         self._wins = {"prompt": 0, "own": 0, "global": 0}
-        self.lengths = RemainingTracker()  # length evidence: history + finished siblings
+        self.lengths = LengthEvidence()  # the prompts' history and finished siblings' lengths
+        self._remaining = RemainingTracker(self.lengths)
         self._times = DrafterTimes()
         self._bg = Background(config.background)
         self._stale: OrderedDict[str, None] = OrderedDict()  # prompts with ended sequences
@@ -123,7 +125,10 @@ class GroupDrafter:
 
     def _history_steps(self, key: str, responses: Sequence[HistoryResponse]):
         # Lengths are evidence for the budget whether or not the tokens are drafted from.
-        self.lengths.set_history(key, [len(r.token_ids) for r in responses])
+        per_epoch: dict[int, list[int]] = {}
+        for r in responses:
+            per_epoch.setdefault(r.epoch, []).append(len(r.token_ids))
+        self.lengths.set_history(key, per_epoch)
         if not self.config.use_history:
             return
         p = self._prompt(key)
@@ -286,7 +291,7 @@ class GroupDrafter:
         if req is not None:
             # (a preempted request counts as finished here: rare, and only a length sample)
             self.lengths.finished(req.key, req.end - len(self._prompts[req.key].prompt_ids))
-            self.lengths.forget(req_id)
+            self._remaining.forget(req_id)
             self._end_group(req.key, self._live.finish(req_id))
 
     def end_step(self) -> None:
@@ -310,7 +315,7 @@ class GroupDrafter:
         for r in req_ids:
             req = running[r]
             items.append((r, req.key, req.base + len(req.tokens) - len(prompts[req.key].prompt_ids)))
-        return self.lengths.estimate_many(items)
+        return self._remaining.estimate_many(items)
 
     def running(self) -> list[Hashable]:
         return list(self._live.running)

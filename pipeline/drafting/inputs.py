@@ -66,10 +66,12 @@ class DrafterConfig:
 
 @dataclass(frozen=True)
 class HistoryResponse:
-    """One earlier response to a prompt; reward is used only with reward_weighted."""
+    """One earlier response to a prompt, generated in `epoch`; reward is used only with
+    reward_weighted."""
 
     token_ids: Sequence[int]
     reward: float | None = None
+    epoch: int = 0
 
 
 
@@ -90,7 +92,7 @@ def history_from_records(records: Iterable) -> dict[str, list[HistoryResponse]]:
     out: dict[str, list[HistoryResponse]] = {}
     for rec in records:
         out.setdefault(rec.prompt_hash, []).append(
-            HistoryResponse(list(rec.response_ids), float(rec.reward)))
+            HistoryResponse(list(rec.response_ids), float(rec.reward), int(rec.epoch)))
     return out
 
 

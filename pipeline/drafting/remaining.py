@@ -16,6 +16,8 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Sequence
 
+from pipeline.history.lengths import LengthEvidence
+
 MIN_REMAINING = 1.0
 
 
@@ -65,37 +67,17 @@ def remaining(generated: float, prompt: LengthSamples | None,
     return guess, guess, generated + 1
 
 
-
-
-
 class RemainingTracker:
-    """Per prompt: its history's response lengths and the lengths of its siblings that
-    finished this step; per running request, the cached estimate (it changes only when
-    the evidence does or the request outgrows the smallest sample above it)."""
+    """The remaining-length estimate of running requests over a prompt's length evidence
+    (`pipeline.history.lengths.LengthEvidence`: its history and its siblings that finished
+    this step), cached per request: an estimate changes only when the evidence does or the
+    request outgrows the smallest sample above it."""
 
-    def __init__(self):
-        self._history: dict[str, list[int]] = {}
-        self._finished: dict[str, list[int]] = {}
-        self._samples: dict[str, LengthSamples] = {}
-        self._pool: LengthSamples | None = None
-        self._versions: dict[str, int] = {}  # per prompt, bumped when its evidence changes
-        self._pool_version = 0
+    def __init__(self, evidence: LengthEvidence):
+        self.evidence = evidence
+        self._samples: dict[str, tuple[int, LengthSamples]] = {}  # key -> (version, samples)
+        self._pool: tuple[int, LengthSamples] | None = None  # (history version, samples)
         self._cache: dict = {}  # req -> ((prompt version, pool version), until, total, std)
-
-    def set_history(self, key: str, lengths: Sequence[int]) -> None:
-        self._history[key] = list(lengths)
-        self._changed(key)
-        self._pool = None
-        self._pool_version += 1
-
-    def finished(self, key: str, length: int) -> None:
-        """A request of prompt `key` finished this step with `length` output tokens."""
-        self._finished.setdefault(key, []).append(int(length))
-        self._changed(key)
-
-    def end_group(self, key: str) -> None:
-        if self._finished.pop(key, None) is not None:
-            self._changed(key)
 
     def forget(self, req_id) -> None:
         self._cache.pop(req_id, None)
@@ -103,10 +85,11 @@ class RemainingTracker:
     def estimate_many(self, items) -> list[tuple[float, float]]:
         """`estimate` for (req_id, key, generated) triples; the cached case inlined (it is
         most rows of most passes)."""
-        cache, versions, pool, out = self._cache, self._versions, self._pool_version, []
+        ev = self.evidence
+        cache, version, pool, out = self._cache, ev.version, ev.history_version, []
         for req_id, key, generated in items:
             hit = cache.get(req_id)
-            if hit is not None and generated < hit[1] and hit[0] == (versions.get(key, 0), pool):
+            if hit is not None and generated < hit[1] and hit[0] == (version(key), pool):
                 rem = hit[2] - generated
                 out.append((rem if rem > MIN_REMAINING else MIN_REMAINING, hit[3]))
             else:
@@ -115,21 +98,19 @@ class RemainingTracker:
 
     def estimate(self, req_id, key: str, generated: int) -> tuple[float, float]:
         """(mean, std) remaining tokens of a running request of prompt `key`."""
+        ev = self.evidence
         hit = self._cache.get(req_id)
-        version = (self._versions.get(key, 0), self._pool_version)
+        version = (ev.version(key), ev.history_version)
         if hit is not None and hit[0] == version and generated < hit[1]:
             return max(hit[2] - generated, MIN_REMAINING), hit[3]
-        samples = self._samples.get(key)
-        if samples is None:
-            samples = self._samples[key] = LengthSamples(
-                self._history.get(key, []) + self._finished.get(key, []))
-        if self._pool is None:
-            self._pool = LengthSamples([x for ls in self._history.values() for x in ls])
-        mean, std, until = remaining(generated, samples, self._pool)
+        held = self._samples.get(key)
+        if held is None or held[0] != version[0]:
+            held = self._samples[key] = (version[0], LengthSamples(ev.lengths(key)))
+        if self._pool is None or self._pool[0] != version[1]:
+            self._pool = (version[1], LengthSamples(list(ev.history_lengths())))
+        mean, std, until = remaining(generated, held[1], self._pool[1])
         self._cache[req_id] = (version, until, mean + generated, std)
         return mean, std
 
-    def _changed(self, key: str) -> None:
-        self._samples.pop(key, None)
-        self._versions[key] = self._versions.get(key, 0) + 1
+
 __all__ = ["LengthSamples", "RemainingTracker", "remaining"]

@@ -8,7 +8,7 @@ deletes when it opens.
 
 Why parquet files and not SQLite (WAL) or a server:
 - reads are per prompt and per column: the drafter wants one prompt's response ids, the
-  length predictor only (prompt_id, epoch, length); pyarrow projects columns and filters
+  length predictor only (prompt_hash, epoch, length); pyarrow projects columns and filters
   rows per file without decoding the rest;
 - atomic rename gives crash safety with no journal, lock or server process;
 - a step file is a self-contained blob, easy to ship between ranks/nodes without a shared
@@ -27,7 +27,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator, Literal, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -267,13 +267,17 @@ class HistoryStore:
             out[step].add((pid, epoch))
         return dict(out)
 
-    def lengths(self) -> dict[str, dict[int, list[int]]]:
-        """prompt_id -> epoch -> response lengths (tokens), reading three columns only."""
-        cols = self._scan(columns=["prompt_id", "epoch", "length"]).to_pydict()
+    def lengths(self, key: Literal["prompt_id", "prompt_hash"] = "prompt_id"
+                ) -> dict[str, dict[int, list[int]]]:
+        """prompt -> epoch -> response lengths (tokens), reading three columns only.
+        Prompts are named by `key`: prompt_id (the data set's id, as reports and length
+        traces show them) or prompt_hash (as the drafter and the placement look them up,
+        `pipeline.history.lengths`)."""
+        cols = self._scan(columns=[key, "epoch", "length"]).to_pydict()
         out: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
-        for pid, epoch, length in zip(cols["prompt_id"], cols["epoch"], cols["length"]):
-            out[pid][epoch].append(length)
-        return {pid: dict(per_epoch) for pid, per_epoch in out.items()}
+        for name, epoch, length in zip(cols[key], cols["epoch"], cols["length"]):
+            out[name][epoch].append(length)
+        return {name: dict(per_epoch) for name, per_epoch in out.items()}
 
 
 __all__ = ["HistoryStore", "RolloutRecord", "SCHEMA", "prompt_hash"]

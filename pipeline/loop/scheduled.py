@@ -14,12 +14,13 @@ with, from the last steps' measured passes (`sched_runtime.measured_cost`).
 from __future__ import annotations
 
 import math
-from collections import defaultdict, deque
+from collections import deque
 from typing import TYPE_CHECKING
 
 from pipeline.costs import SCHED_COST
 from pipeline.distributed import CoordinationStore
-from pipeline.history.store import HistoryStore
+from pipeline.history.lengths import LengthEvidence
+from pipeline.history.store import HistoryStore, prompt_hash
 from pipeline.loop import rollouts
 from pipeline.loop.batches import shard
 from pipeline.loop.sched_runtime import measured_cost, rollout
@@ -49,7 +50,7 @@ class ScheduledRollout:
         self.world = tp.groups  # rollout workers
         self.capacity = cfg.rollout.max_num_seqs
         self.store = CoordinationStore(cfg.sched.store_timeout_s)
-        self.lengths: dict = defaultdict(lambda: defaultdict(list))
+        self.lengths = LengthEvidence()  # by prompt hash, as the drafter keys prompts
         self.last = None  # the last step's StepRollout
         # the pass-cost model placement predicts with: the default until the first step,
         # then what the workers measured over the last COST_STEPS steps (this hardware,
@@ -60,13 +61,13 @@ class ScheduledRollout:
     def load_history(self, run_dir) -> None:
         """After a resume: the lengths of the history the run kept."""
 
-        for pid, per_epoch in HistoryStore(run_dir, readonly=True).lengths().items():
-            for epoch, lengths in per_epoch.items():
-                self.lengths[pid][epoch] = list(lengths)
+        history = HistoryStore(run_dir, readonly=True).lengths("prompt_hash")
+        for key, per_epoch in history.items():
+            self.lengths.set_history(key, {**self.lengths.by_epoch(key), **per_epoch})
 
     def remember(self, records) -> None:
         for r in records:
-            self.lengths[r.prompt_id][r.epoch].append(r.length)
+            self.lengths.add(r.prompt_hash, r.epoch, r.length)
 
     def generate(self, ctx: Context, step: int,
                  sampling: Sampling) -> tuple[list[rollouts.Rollout], RolloutStats]:
@@ -77,10 +78,10 @@ class ScheduledRollout:
         (`PlacementSettings.step_params`), so they measure the policy that training runs."""
         batch = ctx.prompts.batch(step)
         prompt_ids = ctx.encoder.encode_many([p.text for p in batch])
-        predictor = LengthPredictor({k: dict(v) for k, v in self.lengths.items()},
-                                    default=sampling.max_tokens / 2)
-        groups = [GroupWork(p.id, sampling.n, min(predictor.predict(p.id), sampling.max_tokens),
-                            predictor.known(p.id)) for p in batch]
+        predictor = LengthPredictor(self.lengths, default=sampling.max_tokens / 2)
+        keys = [prompt_hash(ids) for ids in prompt_ids]
+        groups = [GroupWork(p.id, sampling.n, min(predictor.predict(key), sampling.max_tokens),
+                            predictor.known(key)) for p, key in zip(batch, keys)]
         per_worker = math.ceil(len(batch) * sampling.n / self.world)
         params = self.placement.settings.step_params(predictor, per_worker,
                                                      capacity=self.capacity, cost=self.cost)

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.atomic import write_atomic
-from pipeline.sched.predictor import LengthHistory, LengthPredictor
+from pipeline.history.lengths import LengthEvidence, LengthHistory
+from pipeline.sched.predictor import LengthPredictor
 from pipeline.sched.trace import open_history
 
 RANK_MOVE = 0.10
@@ -73,7 +74,7 @@ def predictor_errors(lengths: LengthHistory, **predictor_kwargs) -> list[dict]:
     epochs = sorted({e for per in lengths.values() for e in per})
     out = []
     for e in epochs[1:]:
-        predictor = LengthPredictor(lengths, before_epoch=e, **predictor_kwargs)
+        predictor = LengthPredictor(LengthEvidence(lengths), before_epoch=e, **predictor_kwargs)
         prompts = sorted(p for p, per in lengths.items() if per.get(e))
         actual = np.array([np.mean(lengths[p][e]) for p in prompts])
         predicted = np.array([predictor.predict(p) for p in prompts])
@@ -98,7 +99,7 @@ def profile(run_dir: str | Path, lengths: LengthHistory | None = None, *, last_e
     lengths = load_lengths(run_dir) if lengths is None else lengths
     every = np.array([x for per in lengths.values() for ls in per.values() for x in ls], dtype=float)
     epochs = sorted({e for per in lengths.values() for e in per})
-    predictor = LengthPredictor(lengths, last_epochs=last_epochs, decay=decay)
+    predictor = LengthPredictor(LengthEvidence(lengths), last_epochs=last_epochs, decay=decay)
     p50 = float(np.quantile(every, 0.5))
     lo, hi = int(every.min()), int(every.max())
     width = max(1, math.ceil((hi - lo + 1) / bins))  # whole-token bins [edge, next edge)
@@ -163,7 +164,8 @@ def write_profile_plot(report: dict, lengths: LengthHistory, path: str | Path) -
     errors = report["predictor"]["next_epoch_errors"]
     if errors:
         e = errors[-1]["epoch"]
-        predictor = LengthPredictor(lengths, before_epoch=e, last_epochs=report["predictor"]["last_epochs"],
+        predictor = LengthPredictor(LengthEvidence(lengths), before_epoch=e,
+                                    last_epochs=report["predictor"]["last_epochs"],
                                     decay=report["predictor"]["decay"])
         seen = [p for p, per in lengths.items() if per.get(e)]
         known = [predictor.known(p) for p in seen]

@@ -169,7 +169,7 @@ class Drafting:
         """The drafter's history lookup (run in its background thread)."""
         from pipeline.drafting.inputs import HistoryResponse
 
-        return {key: [HistoryResponse(r.ids, r.reward) for r in rows]
+        return {key: [HistoryResponse(r.ids, r.reward, r.epoch) for r in rows]
                 for key, rows in self.history.responses(keys).items()}
 
     def on_pass(self, tokens: int, seconds: float, prefill: bool) -> None:

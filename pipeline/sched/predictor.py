@@ -2,7 +2,8 @@
 
 RhymeRL observes that a prompt's response length rank barely moves between epochs, so
 the prediction for a prompt is a recency-weighted mean of its per-epoch mean lengths over
-the last `last_epochs` epochs it was seen in (weight decay**age, age 0 = newest). A prompt
+the last `last_epochs` epochs it was seen in (weight decay**age, age 0 = newest), read from
+the prompt's length evidence (`pipeline.history.lengths`, keyed by the prompt key). A prompt
 without history gets the data set's fallback: the median of the known prompts'
 predictions, or `default` when nothing is known yet. Seer's probe refines a prediction
 online (`refine`, in `pipeline.sched.seer`): the first finished response of a group is
@@ -16,7 +17,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-LengthHistory = Mapping[str, Mapping[int, Sequence[int]]]  # prompt_id -> epoch -> lengths
+from pipeline.history.epochs import newest_epochs
+from pipeline.history.lengths import LengthEvidence
 
 
 def refine(prior: float, prior_weight: float, observed: Sequence[float]) -> float:
@@ -28,7 +30,7 @@ def refine(prior: float, prior_weight: float, observed: Sequence[float]) -> floa
 
 def recency_weighted(per_epoch: Mapping[int, Sequence[int]], last_epochs: int, decay: float) -> float:
     """Weighted mean of per-epoch mean lengths over the newest `last_epochs` epochs."""
-    epochs = sorted(e for e, lengths in per_epoch.items() if len(lengths))[-last_epochs:]
+    epochs = newest_epochs((e for e, lengths in per_epoch.items() if len(lengths)), last_epochs)
     if not epochs:
         raise ValueError("no lengths to predict from")
     weights = [decay ** age for age in range(len(epochs))][::-1]  # oldest first, like epochs
@@ -37,13 +39,13 @@ def recency_weighted(per_epoch: Mapping[int, Sequence[int]], last_epochs: int, d
 
 
 class LengthPredictor:
-    """Predicted response length (tokens) per prompt.
+    """Predicted response length (tokens) per prompt key.
 
-    lengths: prompt_id -> epoch -> response lengths (`HistoryStore.lengths()`);
+    evidence: the prompts' history lengths by epoch (their finished siblings are `refine`'s);
     before_epoch: use only epochs strictly before it (to predict that epoch honestly).
     """
 
-    def __init__(self, lengths: LengthHistory | None = None, *, last_epochs: int = 3,
+    def __init__(self, evidence: LengthEvidence | None = None, *, last_epochs: int = 3,
                  decay: float = 0.5, default: float = 64.0, before_epoch: int | None = None):
         if last_epochs < 1:
             raise ValueError(f"last_epochs must be >= 1, got {last_epochs}")
@@ -54,23 +56,22 @@ class LengthPredictor:
         self.last_epochs, self.decay, self.default = last_epochs, decay, default
         self.predictions: dict[str, float] = {}
         pooled: list[int] = []
-        for pid, per_epoch in (lengths or {}).items():
-            usable = {e: ls for e, ls in per_epoch.items()
+        for key in (evidence.prompts() if evidence is not None else ()):
+            usable = {e: ls for e, ls in evidence.by_epoch(key).items()
                       if len(ls) and (before_epoch is None or e < before_epoch)}
             if usable:
-                self.predictions[pid] = recency_weighted(usable, last_epochs, decay)
-                newest = sorted(usable)[-last_epochs:]
-                pooled.extend(x for e in newest for x in usable[e])
+                self.predictions[key] = recency_weighted(usable, last_epochs, decay)
+                pooled.extend(x for e in newest_epochs(usable, last_epochs) for x in usable[e])
         self.pooled = np.sort(np.asarray(pooled, dtype=float))
         self.fallback = (float(np.median(list(self.predictions.values())))
                          if self.predictions else float(default))
 
-    def known(self, prompt_id: str) -> bool:
-        return prompt_id in self.predictions
+    def known(self, key: str) -> bool:
+        return key in self.predictions
 
-    def predict(self, prompt_id: str) -> float:
+    def predict(self, key: str) -> float:
         """The history prediction, or the fallback for a prompt without history."""
-        return self.predictions.get(prompt_id, self.fallback)
+        return self.predictions.get(key, self.fallback)
 
     def typical_max(self, requests: int) -> float:
         """The length the longest of `requests` random responses probably reaches: the
@@ -80,4 +81,4 @@ class LengthPredictor:
         return float(np.quantile(self.pooled, 1.0 - 1.0 / requests))
 
 
-__all__ = ["LengthHistory", "LengthPredictor", "recency_weighted", "refine"]
+__all__ = ["LengthPredictor", "recency_weighted", "refine"]

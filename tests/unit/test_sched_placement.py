@@ -314,6 +314,6 @@ def test_the_migration_gap_scales_with_the_requests_per_worker():
     from pipeline.sched.settings import PlacementSettings, auto_migrate_gap
 
     assert [auto_migrate_gap(k) for k in (1, 8, 16, 32, 48, 64, 98, 512)] == [2, 2, 2, 4, 6, 8, 8, 8]
-    predictor = LengthPredictor({}, default=100.0)
+    predictor = LengthPredictor(default=100.0)
     assert PlacementSettings().step_params(predictor, 32, capacity=64).migrate_gap == 4
     assert PlacementSettings(migrate_gap=3).step_params(predictor, 32, capacity=64).migrate_gap == 3

@@ -9,6 +9,7 @@ import pytest
 
 from pipeline.errors import UsageError
 from pipeline.costs import SCHED_COST, CostModel, tail_s
+from pipeline.history.lengths import LengthEvidence
 from pipeline.sched.load import SPEC_COST_MODELS, LoadEstimate
 from pipeline.sched.registry import POLICIES, make_policy
 from pipeline.sched.settings import PlacementParams
@@ -173,7 +174,7 @@ def test_ideal_by_hand_with_the_default_cost():
 def test_an_unknown_prompt_is_not_starved_by_long_predicted_work(name):
     """20 groups predicted (and running) 100 tokens, then a prompt never seen before: the
     fallback prediction places it, and it finishes within Graham's list bound."""
-    predictor = LengthPredictor({f"long{i}": {0: [100] * 4} for i in range(20)})
+    predictor = LengthPredictor(LengthEvidence({f"long{i}": {0: [100] * 4} for i in range(20)}))
     groups = [GroupWork(f"long{i}", 4, predictor.predict(f"long{i}"), True, (100,) * 4) for i in range(20)]
     groups.append(GroupWork("new", 4, predictor.predict("new"), predictor.known("new"), (5,) * 4))
     assert groups[-1].predicted == 100.0 and not groups[-1].known
