@@ -81,9 +81,9 @@ def main(argv: list[str]) -> None:
                    store=store, capacity=setup.capacity)
     params = replace(params, cost=measured_cost(warm.workers, SCHED_COST))
     # one request on its own: seconds per generated token (speculation included)
-    out = engine.generate([prompts[0]], replace(step_sampling, n=1, max_tokens=64))
-    alone = out.groups[0][0]
-    decode_s = sum(s for _, s, prefill in out.stats.passes.samples if not prefill)
+    single = engine.generate([prompts[0]], replace(step_sampling, n=1, max_tokens=64))
+    alone = single.groups[0][0]
+    decode_s = sum(s for _, s, prefill in single.stats.passes.samples if not prefill)
     per_token_1 = decode_s / max(1, len(alone.token_ids) - 1)
 
     results, lengths, workers = {}, {}, []

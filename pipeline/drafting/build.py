@@ -8,19 +8,11 @@ from pipeline.drafting.budget import BudgetConfig, DraftBudget, TreeBudget
 from pipeline.drafting.critical import CriticalBudget, CriticalConfig
 from pipeline.drafting.inputs import DrafterConfig
 
-# A draft is at most this many tokens per token of context matched, unless
-# `spec.max_spec_factor` says otherwise. At T = 1 on the sort task, drafts after a 4-7 token
-# match were accepted at 22 % a token against 77-94 % after 12 or more; halving vLLM's
-# factor (1.0) cut rollout time about 10 % at T = 1 and left T = 0 unchanged
-# (docs/speculation.md, "max_spec_factor").
-MAX_SPEC_FACTOR = 0.5
-
 
 def drafter_config(spec: SpecConfig) -> DrafterConfig:
     """Raises ValueError for methods GroupDrafter does not serve (none, ngram, suffix)."""
     return DrafterConfig.for_method(spec.method, min_path_prob=spec.min_path_prob,
-                                    max_spec_factor=(MAX_SPEC_FACTOR if spec.max_spec_factor
-                                                     is None else spec.max_spec_factor),
+                                    max_spec_factor=spec.spec_factor(),
                                     reward_weighted=spec.reward_weighted,
                                     max_cached_prompts=spec.max_cached_prompts)
 

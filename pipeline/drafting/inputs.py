@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from pipeline.config.methods import DRAFTER_METHODS, REGISTRY
+from pipeline.config.schema import DRAFTER_SPEC_FACTOR
 
 
 @dataclass(frozen=True)
@@ -16,7 +17,8 @@ class DrafterConfig:
     max_depth: suffix-tree depth, tokens (vLLM's suffix default is 24);
     min_path_prob: cut a draft before its path probability falls below this;
     max_spec_factor / max_spec_offset: a draft is at most factor * match_len + offset
-    tokens (short matches draft little);
+    tokens (short matches draft little; the factor's default is the schema's, as
+    `spec.max_spec_factor` resolves it for the drafter's methods);
     reward_copies: with reward_weighted, the best response of a prompt counts
     1 + reward_copies times and the worst once (linear in between) — RhymeRL's
     reward-aware tree, realised as repeated sequences so the C++ counts carry the weight;
@@ -41,7 +43,7 @@ class DrafterConfig:
     use_global: bool = True
     max_depth: int = 24
     min_path_prob: float = 0.1
-    max_spec_factor: float = 1.0
+    max_spec_factor: float = DRAFTER_SPEC_FACTOR
     max_spec_offset: float = 0.0
     reward_weighted: bool = False
     reward_copies: int = 2

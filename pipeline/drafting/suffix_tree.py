@@ -117,7 +117,7 @@ class SuffixTree:
         return int(self._tree.estimate_memory())
 
     def speculate(self, context: TokenIds, max_tokens: int, min_path_prob: float,
-                  max_spec_factor: float = 1.0, max_spec_offset: float = 0.0) -> Draft:
+                  max_spec_factor: float, max_spec_offset: float = 0.0) -> Draft:
         """Most frequent continuation of the best-matching suffix of `context`.
 
         The draft holds at most min(max_tokens, max_spec_factor * match_len +

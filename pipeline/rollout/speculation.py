@@ -29,8 +29,8 @@ def llm_kwargs(spec: SpecConfig | None) -> dict:
                                        "prompt_lookup_max": 4, "prompt_lookup_min": 1}}
     if served_by is not None:
         config = {"method": served_by, "num_speculative_tokens": k}
-        if served_by == "suffix" and spec.max_spec_factor is not None:
-            config["suffix_decoding_max_spec_factor"] = spec.max_spec_factor
+        if served_by == "suffix":
+            config["suffix_decoding_max_spec_factor"] = spec.spec_factor()
         return {"speculative_config": config}
     from pipeline.rollout.proposer import speculative_config
 

@@ -125,14 +125,14 @@ def _synthetic_tree() -> SuffixTree:
 
 
 def test_tree_path_probabilities_are_the_count_ratios():
-    d = _synthetic_tree().speculate([9, 1, 2], 4, 0.01)
+    d = _synthetic_tree().speculate([9, 1, 2], 4, 0.01, 1.0)
     assert d.token_ids[:2] == [3, 5]
     assert conditional(d.probs)[:2] == pytest.approx([0.75, 1.0])
 
 
 @pytest.mark.parametrize("true_rate", [0.75, 0.3])
 def test_calibration_learns_the_observed_rate_of_a_bucket(true_rate):
-    d = _synthetic_tree().speculate([9, 1, 2], 1, 0.01)
+    d = _synthetic_tree().speculate([9, 1, 2], 1, 0.01, 1.0)
     qs = conditional(d.probs)
     assert qs == pytest.approx([0.75])
     cal, rng = Calibrator(), random.Random(0)

@@ -397,7 +397,7 @@ def test_history_from_read_only_arrays():
 
     ids = np.arange(5, 25, dtype=np.int32)
     ids.flags.writeable = False
-    d = GroupDrafter(DrafterConfig.for_method("history"))
+    d = GroupDrafter(DrafterConfig.for_method("history", max_spec_factor=8.0))
     d.set_history(prompt_hash([1, 2, 3]), [HistoryResponse(ids)])
     d.start("r", [1, 2, 3], [5, 6, 7])
     assert d.draft("r", 4).token_ids == [8, 9, 10, 11]
