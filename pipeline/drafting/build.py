@@ -1,12 +1,24 @@
-"""From the validated `spec` config section to the drafter and budget settings."""
+"""From the validated `spec` config section to the drafter's settings and the draft budget.
+
+`BUDGETS` is the registry of draft-length rules by the name `spec.budget` gives them; each
+rule is a `pipeline.drafting.budget_api.Budget` in a module of its own.
+"""
 
 from __future__ import annotations
 
 from pipeline.config.schema import SpecConfig
-from pipeline.costs import DRAFT_COST, CostModel
-from pipeline.drafting.budget import BudgetConfig, DraftBudget, TreeBudget
-from pipeline.drafting.critical import CriticalBudget, CriticalConfig
+from pipeline.drafting.budget_api import Budget
+from pipeline.drafting.budget_critical import CriticalBudget
+from pipeline.drafting.budget_throughput import ThroughputBudget
+from pipeline.drafting.budget_tree import TreeBudget
 from pipeline.drafting.inputs import DrafterConfig
+from pipeline.errors import UsageError
+
+BUDGETS: dict[str, type[Budget]] = {
+    "tree": TreeBudget,
+    "throughput": ThroughputBudget,
+    "critical": CriticalBudget,
+}
 
 
 def drafter_config(spec: SpecConfig) -> DrafterConfig:
@@ -17,20 +29,14 @@ def drafter_config(spec: SpecConfig) -> DrafterConfig:
                                     max_cached_prompts=spec.max_cached_prompts)
 
 
-def budget_config(spec: SpecConfig, cost: CostModel = DRAFT_COST) -> BudgetConfig:
-    """`spec.num_speculative_tokens` caps every request's draft; the budget starts below."""
-    max_len = spec.num_speculative_tokens
-    return BudgetConfig(max_len=max_len, start_len=min(2, max_len), min_len=1, cost=cost)
+def make_budget(spec: SpecConfig) -> Budget:
+    """The draft budget `spec.budget` names (the rules are described in docs/speculation.md,
+    "Draft length")."""
+    rule = BUDGETS.get(spec.budget)
+    if rule is None:
+        raise UsageError(f"spec.budget: unknown draft budget {spec.budget!r}; use one of "
+                         f"{', '.join(BUDGETS)}")
+    return rule.from_spec(spec)
 
 
-def make_budget(spec: SpecConfig) -> DraftBudget | CriticalBudget | TreeBudget:
-    """`spec.budget`: drafts as long as the trees support (`tree`), the critical-path
-    budget (online cost, calibrated acceptance) or the per-pass throughput one."""
-    if spec.budget == "critical":
-        return CriticalBudget(CriticalConfig(max_len=spec.num_speculative_tokens))
-    if spec.budget == "tree":
-        return TreeBudget(spec.num_speculative_tokens)
-    return DraftBudget(budget_config(spec))
-
-
-__all__ = ["budget_config", "drafter_config", "make_budget"]
+__all__ = ["BUDGETS", "drafter_config", "make_budget"]

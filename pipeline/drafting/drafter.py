@@ -329,15 +329,15 @@ class GroupDrafter:
             return EMPTY_DRAFT
         return self._drafts_of([req], [max_tokens])[0]
 
-    def draft_many(self, req_ids: Sequence[Hashable], caps: Sequence[int]) -> list[list[int]]:
-        """The token ids of `draft(r, k)` for each (request, cap) pair ([] where k is 0):
-        one pass's drafts in one call."""
+    def draft_many(self, req_ids: Sequence[Hashable], caps: Sequence[int]) -> list[Draft]:
+        """`draft(r, k)` for each (request, cap) pair (EMPTY_DRAFT where k is 0): one
+        pass's drafts in one call, the same as one `draft` after the other."""
         self._bg.wait()
         running = self._live.running
         reqs = [running.get(r) if k > 0 else None for r, k in zip(req_ids, caps)]
         asked = [(req, k) for req, k in zip(reqs, caps) if req is not None]
         drafts = iter(self._drafts_of([r for r, _ in asked], [k for _, k in asked]))
-        return [[] if req is None else next(drafts).token_ids for req in reqs]
+        return [EMPTY_DRAFT if req is None else next(drafts) for req in reqs]
 
     def after_pass(self, presume: bool = False) -> None:
         """A pass's drafts are out: what the next pass's drafts need and these did not —

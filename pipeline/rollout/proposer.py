@@ -20,7 +20,8 @@ every touch of it is here: with the engine in-process, `attach(runner, drafter, 
 gives the proposer vLLM built a reference to its model runner (whose `input_batch` it
 reads: `req_ids`, `num_prompt_tokens`) and the drafting state, which lives across RL
 steps. Until attached it drafts nothing. vLLM types are never imported: the proposer reads
-`vllm_config` and the input batch by attribute only.
+`vllm_config` and the input batch by attribute only. Every `spec.budget` rule is driven
+through the `Budget` protocol (`pipeline.drafting.budget_api`): ask, draft, grant, observe.
 """
 
 from __future__ import annotations
@@ -31,14 +32,11 @@ from typing import Any, Hashable, Sequence
 
 import numpy as np
 
-from pipeline.drafting.budget import DraftBudget, TreeBudget
-from pipeline.drafting.calibration import conditional
-from pipeline.drafting.critical import CriticalBudget
+from pipeline.drafting.budget_api import Budget
 from pipeline.drafting.drafter import GroupDrafter
 from pipeline.rollout.request_id import caller_id
 
 CLASS_PATH = "pipeline.rollout.proposer.RhymeProposer"
-Budget = DraftBudget | CriticalBudget | TreeBudget  # what sizes the drafts (spec.budget)
 
 
 def speculative_config(num_speculative_tokens: int) -> dict:
@@ -55,9 +53,9 @@ class ProposerStats:
     """Counters since the last `reset_stats`.
 
     seq_passes: (request, pass) pairs that emitted tokens after prefill; emitted: their
-    tokens; tau = emitted / seq_passes, tokens per target forward pass and sequence (bonus
-    token included); drafted / accepted: draft tokens proposed / accepted. Pass times
-    and scheduled tokens are counted by the engine's `PassMeter`, for every method.
+    tokens (`pipeline.costs.tau` of the two: tokens per target forward pass and sequence);
+    drafted / accepted: draft tokens proposed / accepted. Pass times and scheduled tokens
+    are counted by the engine's `PassMeter`, for every method.
     """
 
     passes: int = 0
@@ -68,20 +66,12 @@ class ProposerStats:
     propose_seconds: float = 0.0  # in `propose`, the parts below and the Python around them
     wait_seconds: float = 0.0  # waiting for the last pass's background work
     update_seconds: float = 0.0  # the pass's tokens recorded, requests started
-    budget_seconds: float = 0.0  # draft lengths allocated
+    budget_seconds: float = 0.0  # draft lengths asked and granted
     draft_seconds: float = 0.0  # drafts asked of the trees (with any feeding they need)
-
-    @property
-    def tau(self) -> float:
-        return self.emitted / self.seq_passes if self.seq_passes else 1.0
-
-    @property
-    def accept_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
 
 
 class RhymeProposer:
-    """vLLM custom proposer drafting from `GroupDrafter`, sized by `DraftBudget`.
+    """vLLM custom proposer drafting from `GroupDrafter`, sized by a `Budget`.
 
     `propose` runs after every target pass with a row per running request, so its
     per-row work is kept to C-level bulk operations wherever no request starts, stops
@@ -96,8 +86,7 @@ class RhymeProposer:
         self.drafter: GroupDrafter | None = None
         self.budget: Budget | None = None
         self._active: dict[Hashable, None] = {}  # running requests, in start order
-        # req -> draft tokens handed out last pass (critical budget: their tree q's)
-        self._proposed: dict[Hashable, int | list[float]] = {}
+        self._proposed: dict[Hashable, int] = {}  # req -> draft tokens handed out last pass
         self.stats = ProposerStats()
 
     def bind(self, runner: Any, drafter: GroupDrafter,
@@ -150,62 +139,37 @@ class RhymeProposer:
         updated = time.perf_counter()
         out: list[list[int]] = [[] for _ in range(rows)]
         drafted = 0
-        if isinstance(budget, CriticalBudget):
-            allocated = updated  # (the critical budget sizes and drafts together)
-            drafted = self._propose_critical(req_ids, cand_rows, cand_ids, available, rows, out)
-        else:
-            # Budget first: in a full batch most requests get no draft tokens, and asking
-            # the trees only for the tokens granted keeps the drafter's cost where it pays.
-            alloc = budget.allocate_ids(cand_ids, available, batch_size=rows)
-            allocated = time.perf_counter()
-            if any(alloc):
-                proposed = self._proposed
-                for j, tokens in enumerate(drafter.draft_many(cand_ids, alloc)):
-                    if tokens:
-                        i = j if cand_rows is None else cand_rows[j]
-                        out[i] = list(tokens)
-                        proposed[req_ids[i]] = len(tokens)
-                        drafted += len(tokens)
-        drafts_done = time.perf_counter()
+        # Budget first: in a full batch most requests get no draft tokens, and asking the
+        # trees only for the tokens asked keeps the drafter's cost where it pays.
+        asked = budget.ask(cand_ids, available, rows, drafter.remaining)
+        allocated = drafts_done = time.perf_counter()
+        if any(asked):
+            drafts = drafter.draft_many(cand_ids, asked)
+            drafts_done = time.perf_counter()
+            proposed = self._proposed
+            for j, k in enumerate(budget.grant(drafts)):
+                if k:
+                    i = j if cand_rows is None else cand_rows[j]
+                    out[i] = drafts[j].token_ids[:k]
+                    proposed[req_ids[i]] = k
+                    drafted += k
+        granted = time.perf_counter()
         if len(active) > rows or cand_rows is not None:
             seen = set(req_ids)
             for req_id in [r for r in active if r not in seen]:
                 self._stop(req_id)
         # this pass's tokens into the trees while the GPU runs the next pass, and (caps that
         # do not move) the next drafts worked out for the outcome the trees expect
-        drafter.after_pass(presume=isinstance(budget, TreeBudget))
+        drafter.after_pass(presume=budget.fixed_caps)
         stats.passes += 1
         stats.drafted += drafted
         end = time.perf_counter()
         stats.propose_seconds += end - start
         stats.wait_seconds += waited
         stats.update_seconds += updated - settled
-        stats.budget_seconds += allocated - updated
+        stats.budget_seconds += (allocated - updated) + (granted - drafts_done)
         stats.draft_seconds += drafts_done - allocated
         return out
-
-    def _propose_critical(self, req_ids, cand_rows, cand_ids, available, rows, out) -> int:
-        """The critical-path budget: ask it which requests may pay (by their predicted
-        remaining length), draft those, let it trim each draft to its paying prefix by the
-        calibrated per-token acceptance of the tree's path counts. Returns tokens drafted."""
-        drafter, budget, proposed = self.drafter, self.budget, self._proposed
-        asked = budget.ask(cand_ids, available, drafter.remaining(cand_ids), rows)
-        drafts, curves = [None] * len(asked), [()] * len(asked)
-        for j, k in enumerate(asked):
-            if k:
-                d = drafter.draft(cand_ids[j], k)
-                if d.token_ids:
-                    qs = conditional(d.probs)
-                    drafts[j], curves[j] = (d.token_ids, qs), budget.accept_curve(qs)
-        drafted = 0
-        for j, k in enumerate(budget.grant(curves)):
-            if k:
-                i = j if cand_rows is None else cand_rows[j]
-                tokens, qs = drafts[j]
-                out[i] = list(tokens[:k])
-                proposed[req_ids[i]] = qs[:k]
-                drafted += k
-        return drafted
 
     # -- lifecycle --------------------------------------------------------------------
     def end_step(self) -> None:
@@ -261,7 +225,7 @@ class RhymeProposer:
             hits = sorted((row[r], r) for r in proposed if r in row)
         for i, req_id in hits:
             k = proposed.pop(req_id)
-            accepted = min(lens[i] - 1, k if type(k) is int else len(k))
+            accepted = min(lens[i] - 1, k)
             stats.accepted += accepted
             self.budget.observe(req_id, k, accepted)
 

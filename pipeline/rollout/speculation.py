@@ -173,16 +173,16 @@ class Drafting:
                 for key, rows in self.history.responses(keys).items()}
 
     def on_pass(self, tokens: int, seconds: float, prefill: bool) -> None:
-        """One pass measured by the engine's pass meter: decode passes refit the critical
-        budget's online cost model (prefill passes cost differently per token)."""
-        observe = getattr(self.budget, "observe_pass", None)
-        if observe is not None and not prefill:
-            observe(tokens, seconds)
+        """One pass measured by the engine's pass meter: decode passes go to the budget (the
+        critical one refits its online cost model; prefill passes cost differently per
+        token)."""
+        if not prefill:
+            self.budget.observe_pass(tokens, seconds)
 
     def calibration(self) -> dict | None:
-        """The critical budget's calibration counts (`Calibrator.state()`), else None."""
-        cal = getattr(self.budget, "calibrator", None)
-        return None if cal is None else cal.state()
+        """What the budget learned about acceptance (the critical budget's calibration
+        counts, `Calibrator.state()`), else None."""
+        return self.budget.calibration()
 
     def after(self) -> None:
         """End of one `generate`."""

@@ -1,18 +1,21 @@
-"""Draft budget: per-request grow/shrink and the batch-aware marginal-benefit cap, against
-hand-computed cases (pure logic, microseconds)."""
+"""Draft budgets: the throughput rule's per-request grow/shrink and batch-aware
+marginal-benefit cap, against hand-computed cases and a plain one-heap oracle; the tree rule
+(pure logic, microseconds)."""
 
 from __future__ import annotations
 
 import pytest
 
+import heapq
+
 from pipeline.costs import CostModel
-from pipeline.drafting.budget import BudgetConfig, DraftBudget
+from pipeline.drafting.budget_throughput import ThroughputBudget, ThroughputConfig
 
 UNIT = CostModel(base_s=1.0, per_token_s=1.0)  # a pass costs 1 + scheduled tokens
 
 
-def budget(**kw) -> DraftBudget:
-    return DraftBudget(BudgetConfig(**kw))
+def budget(**kw) -> ThroughputBudget:
+    return ThroughputBudget(ThroughputConfig(**kw))
 
 
 # ---------------------------------------------------------------- per request
@@ -51,7 +54,7 @@ def test_acceptance_estimate_is_shrunk_towards_all_requests():
 
 def test_config_checks_the_length_order():
     with pytest.raises(ValueError, match="min_len <= start_len <= max_len"):
-        BudgetConfig(min_len=4, start_len=2)
+        ThroughputConfig(min_len=4, start_len=2)
 
 
 # ---------------------------------------------------------------- per pass
@@ -86,7 +89,7 @@ def test_full_batch_gets_little_speculation_and_the_tail_much():
     assert _greedy_reference(0.7, 1, 16, slow) == 9
 
 
-def allocate(b: DraftBudget, candidates, **kw) -> list[int]:
+def allocate(b: ThroughputBudget, candidates, **kw) -> list[int]:
     """`allocate_ids` for (request id, available tokens) pairs."""
     return b.allocate_ids([c[0] for c in candidates], [c[1] for c in candidates], **kw)
 
@@ -126,15 +129,17 @@ def test_batch_unaware_mode_returns_the_caps():
 
 def test_spec_config_maps_to_drafter_and_budget():
     from pipeline.config.schema import SpecConfig
-    from pipeline.drafting.build import budget_config, drafter_config
+    from pipeline.drafting.build import drafter_config
 
     spec = SpecConfig(method="history+group", num_speculative_tokens=1, min_path_prob=0.3,
                       reward_weighted=True, max_cached_prompts=7, max_spec_factor=0.5)
     d = drafter_config(spec)
     assert (d.use_history, d.use_siblings, d.min_path_prob, d.reward_weighted,
             d.max_cached_prompts, d.max_spec_factor) == (True, True, 0.3, True, 7, 0.5)
-    b = budget_config(spec)
+    b = ThroughputBudget.from_spec(spec).config
     assert (b.max_len, b.start_len, b.min_len) == (1, 1, 1)
+    b = ThroughputBudget.from_spec(SpecConfig(num_speculative_tokens=8)).config
+    assert (b.max_len, b.start_len, b.min_len) == (8, 2, 1)
     with pytest.raises(ValueError, match="expected one of"):
         drafter_config(SpecConfig(method="ngram"))
 
@@ -152,13 +157,29 @@ def test_tree_budget_grants_every_request_its_cap_at_any_batch_size(rows):
     b = make_budget(spec)
     ids = list(range(rows))
     available = [8, 3, 0, 20] * (rows // 4) if rows >= 4 else [8]
-    assert b.allocate_ids(ids[:len(available)], available) == [min(a, 8) for a in available]
+    assert b.ask(ids[:len(available)], available, len(available), no_lengths) == \
+        [min(a, 8) for a in available]
     b.observe(0, 8, 0)  # a fully rejected draft does not shrink the cap
-    assert b.allocate_ids([0], [8], batch_size=rows) == [8]
+    assert b.ask([0], [8], rows, no_lengths) == [8]
     # the throughput budget, by contrast, grants a full batch little
     throughput = make_budget(SpecConfig(method="history+group", budget="throughput"))
     if rows >= 128:
-        assert sum(throughput.allocate_ids(ids, [8] * rows)) < 8 * rows
+        assert sum(throughput.ask(ids, [8] * rows, rows, no_lengths)) < 8 * rows
+
+
+def no_lengths(req_ids):
+    raise AssertionError("this budget does not read remaining lengths")
+
+
+def test_rules_that_size_drafts_up_front_keep_them_whole():
+    from pipeline.drafting.budget_tree import TreeBudget
+    from pipeline.drafting.suffix_tree import EMPTY_DRAFT, Draft
+
+    drafts = [Draft([5, 6, 7], [0.9, 0.5, 0.2], 1.6, 4), EMPTY_DRAFT, Draft([1], [1.0], 1.0, 2)]
+    for b in (TreeBudget(8), budget()):
+        assert b.grant(drafts) == [3, 0, 1]
+        assert b.calibration() is None
+        b.observe_pass(100, 0.01)  # no pass-cost model: nothing to learn
 
 
 # ---------------------------------------------------------------- fast path
@@ -184,7 +205,32 @@ def test_fast_allocation_equals_the_reference(seed):
         available = [rng.choice([0, 1, 8, 8, 8]) for _ in ids]
         batch = n + rng.choice([0, 0, 5])
         fast = b.allocate_ids(ids, available, batch_size=batch)
-        assert fast == b.allocate_reference(ids, available, batch_size=batch), trial
+        assert fast == reference_allocation(b, ids, available, batch), trial
+
+
+def reference_allocation(b: ThroughputBudget, req_ids, available, batch_size) -> list[int]:
+    """`allocate_ids` written out directly: every request in one max-heap over its next
+    token's acceptance probability alpha ** (k + 1), popped while the token pays."""
+    c = b.config
+    limits = [max(0, min(a, b.cap(r))) for r, a in zip(req_ids, available)]
+    alloc = [0] * len(limits)
+    alphas = [b.acceptance(r) for r in req_ids]
+    heap = [(-a, i) for i, (a, k) in enumerate(zip(alphas, limits)) if k > 0 and a > 0]
+    heapq.heapify(heap)
+    expected = float(batch_size)
+    seconds = c.cost.pass_seconds(batch_size)
+    while heap:
+        neg_gain, i = heap[0]
+        gain = -neg_gain
+        if gain * seconds <= c.cost.per_token_s * expected:
+            break
+        heapq.heappop(heap)
+        alloc[i] += 1
+        expected += gain
+        seconds += c.cost.per_token_s
+        if alloc[i] < limits[i]:
+            heapq.heappush(heap, (-(gain * alphas[i]), i))
+    return alloc
 
 
 def test_fast_allocation_without_batch_awareness_returns_the_caps():

@@ -9,7 +9,8 @@ import random
 import pytest
 
 from pipeline.drafting.calibration import Calibrator, conditional, merge_tables
-from pipeline.drafting.critical import CriticalBudget, CriticalConfig, critical_weights, paying_prefix
+from pipeline.drafting.budget_critical import (CriticalBudget, CriticalConfig, critical_weights,
+                                               paying_prefix)
 from pipeline.costs import PassCost
 from pipeline.drafting.remaining import LengthSamples, remaining
 from pipeline.drafting.suffix_tree import SuffixTree
@@ -28,6 +29,11 @@ FLAT = lambda x: 0.02  # noqa: E731  a memory-bound (GPU-like) pass
 
 def budget(fn, max_len=32) -> CriticalBudget:
     return CriticalBudget(CriticalConfig(max_len=max_len), cost_from(fn))
+
+
+def known(estimates):
+    """A remaining-length estimate that returns `estimates` ((mean, std) per candidate)."""
+    return lambda req_ids: estimates
 
 
 # ---------------------------------------------------------------- the rule
@@ -51,10 +57,10 @@ def test_long_request_drafts_and_short_one_does_not():
     # A: 100 tokens to go = 50 passes, B: 10 = 5 passes -> pi_A ~ 1, pi_B ~ e^-58 ~ 0.
     # v_A = 5.9 / 2 = 2.95 ms: threshold 0.1 / 3.05 = 0.0328; B's threshold ~ 1.
     b = budget(LINEAR, max_len=8)
-    asked = b.ask(["A", "B"], [8, 8], [(100, 0), (10, 0)], rows=2)
+    asked = b.ask(["A", "B"], [8, 8], 2, known([(100, 0), (10, 0)]))
     assert asked[0] == 8 and asked[1] == 0  # B is not even drafted
     curve = [0.9, 0.8, 0.5, 0.2, 0.03, 0.01]
-    assert b.grant([curve, curve]) == [4, 0]
+    assert b.trim([curve, curve]) == [4, 0]
 
 
 def test_full_batch_drafts_little_and_the_tail_drafts_to_the_cap():
@@ -62,20 +68,20 @@ def test_full_batch_drafts_little_and_the_tail_drafts_to_the_cap():
     # tail: one request, pi = 1, v = c(33) / 2 = 4.15 ms, m = 0.1 ms:
     # threshold 0.1 / 4.25 = 0.0235 < 0.9^32 = 0.034 -> the whole 32-token draft
     b = budget(LINEAR)
-    b.ask(["r"], [32], [(200, 20)], rows=1)
-    assert b.grant([curve]) == [32]
+    b.ask(["r"], [32], 1, known([(200, 20)]))
+    assert b.trim([curve]) == [32]
     # full batch: 128 equal requests, pi = 1/128, v = 4.15 / 128 / 2... per request
     # v = 0.0324 ms, threshold 0.1 / 0.1324 = 0.755: 0.9^2 = 0.81 passes, 0.9^3 = 0.729 not
     ids = [f"r{i}" for i in range(128)]
-    b.ask(ids, [32] * 128, [(200, 20)] * 128, rows=128)
-    assert b.grant([curve] * 128) == [2] * 128
+    b.ask(ids, [32] * 128, 128, known([(200, 20)] * 128))
+    assert b.trim([curve] * 128) == [2] * 128
 
 
 def test_flat_cost_drafts_every_request_to_its_draft_length():
     b = budget(FLAT)
-    asked = b.ask(["A", "B"], [5, 5], [(100, 0), (1, 0)], rows=200)
+    asked = b.ask(["A", "B"], [5, 5], 200, known([(100, 0), (1, 0)]))
     assert asked == [5, 5]
-    assert b.grant([[0.5, 0.1, 0.01], [0.9, 0.2]]) == [3, 2]
+    assert b.trim([[0.5, 0.1, 0.01], [0.9, 0.2]]) == [3, 2]
 
 
 def test_concave_cost_grants_more_than_its_first_marginal_suggests():
@@ -83,7 +89,7 @@ def test_concave_cost_grants_more_than_its_first_marginal_suggests():
     concave = cost_from(lambda x: 0.5 + 0.5 * (x - 1) / 63 if x <= 64 else 1.0 + 0.2 * (x - 64) / 64)
     b = CriticalBudget(CriticalConfig(max_len=8), concave)
     ids = [f"r{i}" for i in range(60)]
-    b.ask(ids, [8] * 60, [(100, 0)] * 60, rows=60)
+    b.ask(ids, [8] * 60, 60, known([(100, 0)] * 60))
     # first marginal (below the knee) 0.5/63 = 7.9 ms; v = c(9)/60/2 = 4.7 ms:
     # threshold 0.628. Granting 2 each (120 tokens, to 180) averages (c(180)-c(60))/120
     # = 3.3 ms: threshold 0.41, so the third token (0.5) pays too.
@@ -91,19 +97,19 @@ def test_concave_cost_grants_more_than_its_first_marginal_suggests():
     first = 0.5 / 63
     v = concave.seconds(9) / 60 / 2
     assert paying_prefix(curve, first / (first + v)) == 2
-    assert b.grant([curve] * 60) == [3] * 60
+    assert b.trim([curve] * 60) == [3] * 60
 
 
 def test_unknown_cost_drafts_to_the_cap():
     b = CriticalBudget(CriticalConfig(max_len=4))
-    assert b.ask(["a", "b"], [8, 2], [(5, 1), (50, 1)], rows=2) == [4, 2]
-    assert b.grant([[0.1, 0.01], []]) == [2, 0]
+    assert b.ask(["a", "b"], [8, 2], 2, known([(5, 1), (50, 1)])) == [4, 2]
+    assert b.trim([[0.1, 0.01], []]) == [2, 0]
 
 
 def test_tau_follows_accepted_tokens():
     b = budget(LINEAR)
     assert b.tau("r") == pytest.approx(2.0)
-    b.observe("r", [0.9] * 4, 4)  # 5 tokens in that pass
+    b.observe_draft("r", [0.9] * 4, 4)  # 5 tokens in that pass
     assert b.tau("r") == pytest.approx(0.7 * 2 + 0.3 * 5)
     b.forget("r")
     assert b.tau("r") == pytest.approx(b.tau("new"))
@@ -226,10 +232,10 @@ def test_a_flat_measured_curve_drafts_every_request_to_the_cap():
     curve = [0.6 ** j for j in range(1, 17)]
     b = measured(lambda x: 0.02)
     ids = [f"r{i}" for i in range(256)]
-    assert b.ask(ids, [16] * 256, [(500, 50)] * 256, rows=256) == [16] * 256
-    assert b.grant([curve] * 256) == [16] * 256
-    b.ask(["last"], [16], [(500, 50)], rows=1)
-    assert b.grant([curve]) == [16]
+    assert b.ask(ids, [16] * 256, 256, known([(500, 50)] * 256)) == [16] * 256
+    assert b.trim([curve] * 256) == [16] * 256
+    b.ask(["last"], [16], 1, known([(500, 50)]))
+    assert b.trim([curve]) == [16]
 
 
 def test_this_cpus_measured_curve_drafts_little_in_a_full_batch_and_to_the_cap_in_the_tail():
@@ -243,8 +249,45 @@ def test_this_cpus_measured_curve_drafts_little_in_a_full_batch_and_to_the_cap_i
 
     curve = [0.8 ** j for j in range(1, 17)]
     b = measured(DRAFT_COST.pass_seconds)
-    assert b.ask(["last"], [16], [(500, 50)], rows=1) == [16]
-    assert b.grant([curve]) == [16]
+    assert b.ask(["last"], [16], 1, known([(500, 50)])) == [16]
+    assert b.trim([curve]) == [16]
     ids = [f"r{i}" for i in range(256)]
-    assert b.ask(ids, [16] * 256, [(500, 50)] * 256, rows=256) == [0] * 256
-    assert b.grant([curve] * 256) == [1] * 256
+    assert b.ask(ids, [16] * 256, 256, known([(500, 50)] * 256)) == [0] * 256
+    assert b.trim([curve] * 256) == [1] * 256
+
+
+# ---------------------------------------------------------------- as a Budget
+
+def test_as_a_budget_it_trims_drafts_and_learns_from_the_kept_part():
+    """Both stages through the protocol: `grant` trims each draft by the calibrated
+    acceptance of its tree probabilities and keeps them until `observe` says how many
+    tokens were accepted."""
+    from pipeline.drafting.suffix_tree import EMPTY_DRAFT, Draft
+
+    b = CriticalBudget(CriticalConfig(max_len=4))
+    asked_for = []
+    assert b.ask(["a", "b", "c"], [4, 4, 0], 3, lambda ids: asked_for.append(ids) or
+                 [(10, 1)] * 3) == [4, 4, 0]
+    assert asked_for == [["a", "b", "c"]]  # asked even before the pass cost is known
+    # unknown cost: every draft is kept whole
+    drafts = [Draft([7, 8, 9], [0.9, 0.45, 0.2], 1.55, 3), Draft([5], [1.0], 1.0, 2), EMPTY_DRAFT]
+    assert b.grant(drafts) == [3, 1, 0]
+    b.observe("a", 3, 1)  # a: token 1 accepted (q = 0.9), token 2 rejected (q = 0.5)
+    rows = {(r.lo, r.hi): r for r in b.calibrator.table()}
+    assert sum(r.tried for r in rows.values()) == 2
+    assert b.tau("a") == pytest.approx(0.7 * 2 + 0.3 * 2)
+    b.observe("a", 3, 1)  # the draft was verified once: nothing is left to learn from
+    assert sum(r.tried for r in b.calibrator.table()) == 2
+    b.forget("b")  # a request that stopped before its draft was verified
+    b.observe("b", 1, 1)
+    assert sum(r.tried for r in b.calibrator.table()) == 2
+    assert b.calibration() == b.calibrator.state()
+    assert not b.fixed_caps
+
+
+def test_the_pass_cost_is_learned_from_the_passes_the_engine_reports():
+    b = CriticalBudget(CriticalConfig(max_len=4))
+    assert not b.cost.known
+    for x in (4, 8, 16, 32, 64) * 2:
+        b.observe_pass(x, 0.01 + 0.001 * x)
+    assert b.cost.known

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from pipeline.history.store import prompt_hash
 from pipeline.rollout.proposer import RhymeProposer, attach
-from pipeline.drafting.critical import CriticalBudget, CriticalConfig
+from pipeline.drafting.budget_critical import CriticalBudget, CriticalConfig
 from pipeline.drafting.drafter import GroupDrafter
 from pipeline.drafting.inputs import DrafterConfig, HistoryResponse
 from pipeline.costs import PassCost
@@ -41,9 +43,9 @@ def test_the_proposer_passes_predicted_remaining_lengths_from_history_and_siblin
     seen = []
 
     class Spy(CriticalBudget):
-        def ask(self, req_ids, available, remaining, rows):
-            seen.append(dict(zip(req_ids, remaining)))
-            return super().ask(req_ids, available, remaining, rows)
+        def ask(self, req_ids, available, rows, remaining):
+            seen.append(dict(zip(req_ids, remaining(req_ids))))
+            return super().ask(req_ids, available, rows, remaining)
 
     # history: responses of 12 and 30 tokens
     proposer, batch, drafter = make(Spy(CriticalConfig(max_len=4)),
@@ -95,6 +97,27 @@ def test_requests_whose_first_tokens_are_rarely_accepted_are_not_drafted():
     assert step(proposer, batch, {f"r{i}": [1] for i in range(8)}) == [[]] * 8
     assert proposer.drafter.stats().drafts == 0
     for _ in range(3):
-        budget.observe("r0", [1.0], 1)  # r0's first tokens were accepted: 0.5 -> 0.83
+        budget.observe_draft("r0", [1.0], 1)  # r0's first tokens were accepted: 0.5 -> 0.83
     out = step(proposer, batch, {f"r{i}": [2] for i in range(8)})
     assert len(out[0]) > 0 and out[1:] == [[]] * 7
+
+
+def test_the_engine_drafting_state_feeds_decode_passes_and_reports_calibration():
+    """`Drafting` (the engine's drafting state) hands the pass meter's decode passes to the
+    budget `spec.budget` names and reads its calibration, whatever the rule."""
+    from pipeline.config.schema import SpecConfig
+    from pipeline.rollout.speculation import Drafting
+    from tests.unit.test_history_window import _Runner
+
+    for name in ("critical", "tree", "throughput"):
+        d = Drafting(_Runner(), SpecConfig(method="history+group", budget=name))
+        for x in (4, 8, 16, 32, 64) * 2:
+            d.on_pass(x, 0.01 + 0.001 * x, prefill=False)
+            d.on_pass(x, 5.0, prefill=True)  # prefill passes cost differently: not fed
+        if name == "critical":
+            assert isinstance(d.budget, CriticalBudget) and d.budget.cost.known
+            assert d.budget.cost.seconds(64) == pytest.approx(0.074, rel=0.05)
+            assert d.calibration() == d.budget.calibrator.state()
+        else:
+            assert d.calibration() is None
+        d.drafter.close()

@@ -1,4 +1,5 @@
-"""The critical-path draft budget: how many draft tokens each request gets in the next pass.
+"""The `critical` draft budget (`spec.budget: critical`): how many draft tokens each request
+gets in the next pass.
 
 Goal. A synchronous RL step ends when its last request ends. Minimise the expected time
 to finish the step's requests, not one pass's throughput.
@@ -32,10 +33,12 @@ Consequences, the properties the tests check:
   pass would get (c(x + K) - c(x)) / K, refined once after the first allocation.
 - With no measured pass yet, the cost is unknown and the budget drafts to the cap.
 
-The budget asks the drafter in two stages to keep the drafter's cost where it pays:
-`ask` picks the requests whose first token could pay at the best calibrated rate (the
-others are not drafted at all) and `grant` trims the drafts to their paying prefix.
-Pure logic, no vLLM. Units: tokens, passes, seconds.
+The budget uses both stages of the `Budget` protocol to keep the drafter's cost where it
+pays: `ask` picks the requests whose first token could pay at the best calibrated rate
+(the others are not drafted at all) and `grant` trims the drafts to their paying prefix
+by the calibrated acceptance of the tree's per-token path probabilities. It learns the
+pass cost from the engine's measured passes (`observe_pass`) and the calibration from
+every verified draft (`observe`). Pure logic, no vLLM. Units: tokens, passes, seconds.
 """
 
 from __future__ import annotations
@@ -46,8 +49,11 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
+from pipeline.config.schema import SpecConfig
 from pipeline.costs import PassCost
-from pipeline.drafting.calibration import Calibrator
+from pipeline.drafting.budget_api import Budget, Remaining
+from pipeline.drafting.calibration import Calibrator, conditional
+from pipeline.drafting.suffix_tree import Draft
 
 
 @dataclass(frozen=True)
@@ -93,7 +99,7 @@ def paying_prefix(cum_accept: Sequence[float], threshold: float) -> int:
     return k
 
 
-class CriticalBudget:
+class CriticalBudget(Budget):
     """Per-pass allocation by the critical-path rule (see the module docstring)."""
 
     def __init__(self, config: CriticalConfig = CriticalConfig(), cost: PassCost | None = None,
@@ -109,13 +115,25 @@ class CriticalBudget:
         self._first_all = config.first_prior
         self._values: list[float] = []  # v_i of the last `ask`, per candidate
         self._rows = 0
+        self._asked: Sequence[Hashable] = ()  # the candidates of the last `ask`
+        # per request, the tree's per-token probabilities of its kept draft, until verified
+        self._kept: dict[Hashable, list[float]] = {}
+
+    @classmethod
+    def from_spec(cls, spec: SpecConfig) -> CriticalBudget:
+        return cls(CriticalConfig(max_len=spec.num_speculative_tokens))
 
     # -- evidence ---------------------------------------------------------------------
     def observe_pass(self, tokens: int, seconds: float) -> None:
         """One decode pass measured by the engine's pass meter."""
         self.cost.observe(tokens, seconds)
 
-    def observe(self, req_id: Hashable, qs: Sequence[float], accepted: int) -> None:
+    def observe(self, req_id: Hashable, proposed: int, accepted: int) -> None:
+        qs = self._kept.pop(req_id, None)
+        if qs is not None:
+            self.observe_draft(req_id, qs, accepted)
+
+    def observe_draft(self, req_id: Hashable, qs: Sequence[float], accepted: int) -> None:
         """Request `req_id`'s last draft (per-token tree probabilities `qs`) had its first
         `accepted` tokens accepted."""
         if not qs:
@@ -132,6 +150,11 @@ class CriticalBudget:
     def forget(self, req_id: Hashable) -> None:
         self._tau.pop(req_id, None)
         self._first.pop(req_id, None)
+        self._kept.pop(req_id, None)
+
+    def calibration(self) -> dict:
+        """The calibration counts (`Calibrator.state()`)."""
+        return self.calibrator.state()
 
     def tau(self, req_id: Hashable) -> float:
         return self._tau.get(req_id, self._tau_all)
@@ -149,20 +172,23 @@ class CriticalBudget:
         pi = critical_weights(rem[:, 0] / taus, rem[:, 1] / taus, self.config.min_spread)
         return pi * (self.cost.seconds(1 + self.config.max_len) / taus)
 
-    def ask(self, req_ids: Sequence[Hashable], available: Sequence[int],
-            remaining: Sequence[tuple[float, float]], rows: int) -> list[int]:
+    def ask(self, req_ids: Sequence[Hashable], available: Sequence[int], rows: int,
+            remaining: Remaining) -> list[int]:
         """Stage 1: tokens to ask the drafter for, per candidate (0: do not draft).
 
-        remaining: (mean, std) predicted remaining tokens per candidate; rows: sequences
-        in the pass (each schedules one token besides its drafts).
+        remaining(req_ids): (mean, std) predicted remaining tokens per candidate, asked
+        at every pass (its estimates are cached from the pass they were made in on);
+        rows: sequences in the pass (each schedules one token besides its drafts).
         """
+        predicted = remaining(req_ids)
+        self._asked = req_ids
         cap = self.config.max_len
         limits = [a if a < cap else cap for a in available]
         self._rows = rows
         if not self.cost.known:
             self._values = [math.inf] * len(req_ids)
             return [max(k, 0) for k in limits]
-        self._values = v = self.values(req_ids, remaining).tolist()
+        self._values = v = self.values(req_ids, predicted).tolist()
         m = self.cost.marginal(rows)
         # a first token pays iff a * (m + v) > m, a its acceptance estimate: the request's
         # own first-token rate (measured: the best calibrated bucket alone lets almost
@@ -176,9 +202,21 @@ class CriticalBudget:
             out.append(k if k > 0 and a * (m + vi) > m else 0)
         return out
 
-    def grant(self, cum_accept: Sequence[Sequence[float]]) -> list[int]:
-        """Stage 2: draft tokens granted per candidate of the last `ask`, given each
-        draft's cumulative calibrated acceptance (empty for candidates not drafted)."""
+    def grant(self, drafts: Sequence[Draft]) -> list[int]:
+        """Stage 2: each draft's paying prefix, by the calibrated per-token acceptance of
+        the tree's path probabilities; the kept part's probabilities are held until the
+        draft is verified (`observe`)."""
+        qs = [conditional(d.probs) if d.token_ids else [] for d in drafts]
+        kept = self.trim([self.calibrator.cumulative(q) if q else () for q in qs])
+        held = self._kept
+        for r, q, k in zip(self._asked, qs, kept):
+            if k:
+                held[r] = q[:k]
+        return kept
+
+    def trim(self, cum_accept: Sequence[Sequence[float]]) -> list[int]:
+        """Draft tokens granted per candidate of the last `ask`, given each draft's
+        cumulative calibrated acceptance (empty for candidates not drafted)."""
         v = self._values
         if not self.cost.known:
             return [len(g) for g in cum_accept]
@@ -197,10 +235,6 @@ class CriticalBudget:
                 break
             m = m2
         return alloc
-
-    def accept_curve(self, qs: Sequence[float]) -> list[float]:
-        """Cumulative calibrated acceptance of a draft with per-token tree probabilities."""
-        return self.calibrator.cumulative(qs)
 
 
 __all__ = ["CriticalBudget", "CriticalConfig", "critical_weights", "paying_prefix"]

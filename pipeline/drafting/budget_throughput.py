@@ -1,6 +1,5 @@
-"""How many draft tokens each request gets in the next forward pass.
-
-Two rules, one per scale:
+"""The `throughput` draft budget (`spec.budget: throughput`): how many draft tokens each
+request gets in the next forward pass, by two rules, one per scale:
 
 - **Per request** (RhymeRL's released drafter): a draft-length cap that starts at
   `start_len`, doubles (up to `max_len`) when every drafted token was accepted and halves
@@ -20,6 +19,9 @@ count of accepted over tried tokens, shrunk towards the rate of all requests so 
 (itself started at `prior_accept`). The budget object lives across RL steps, so requests
 of a later step start from what earlier steps measured, even if a full batch kept the
 first one from drafting much. Pure logic, no vLLM.
+
+As a `Budget` it sizes drafts before they are made (`ask`), keeps them whole and learns
+from each verified draft (`observe`); the pass cost is the fixed `cost` model.
 """
 
 from __future__ import annotations
@@ -28,11 +30,13 @@ import heapq
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
+from pipeline.config.schema import SpecConfig
 from pipeline.costs import DRAFT_COST, CostModel
+from pipeline.drafting.budget_api import Budget, Remaining
 
 
 @dataclass(frozen=True)
-class BudgetConfig:
+class ThroughputConfig:
     """Draft-length rules. Lengths are tokens; `decay` weighs older acceptance evidence."""
 
     max_len: int = 16
@@ -62,13 +66,23 @@ class _State:
     tried: float = 0.0  # decayed accepted + rejected draft tokens
 
 
-class DraftBudget:
+class ThroughputBudget(Budget):
     """Per-request draft caps and the per-pass allocation."""
 
-    def __init__(self, config: BudgetConfig = BudgetConfig()):
+    def __init__(self, config: ThroughputConfig = ThroughputConfig()):
         self.config = config
         self._state: dict[Hashable, _State] = {}
         self._all = _State(0)  # every request's evidence, slowly decayed
+
+    @classmethod
+    def from_spec(cls, spec: SpecConfig) -> ThroughputBudget:
+        """`spec.num_speculative_tokens` caps every request's draft; caps start below."""
+        max_len = spec.num_speculative_tokens
+        return cls(ThroughputConfig(max_len=max_len, start_len=min(2, max_len), min_len=1))
+
+    def ask(self, req_ids: Sequence[Hashable], available: Sequence[int], rows: int,
+            remaining: Remaining) -> list[int]:
+        return self.allocate_ids(req_ids, available, batch_size=rows)
 
     # -- per request ------------------------------------------------------------------
     def cap(self, req_id: Hashable) -> int:
@@ -122,7 +136,8 @@ class DraftBudget:
         faces: E / T only grows as tokens are granted. So only requests whose first token
         passes it at the start enter the heap, and a pass whose best request cannot
         start (a full batch, typically) is settled without touching the others. The
-        result is exactly `allocate_reference`'s.
+        result is exactly the plain computation's: every request in one max-heap over its
+        next token's acceptance probability, popped while the token pays.
         """
         c = self.config
         states = list(map(self._state.get, req_ids))
@@ -177,8 +192,22 @@ class DraftBudget:
             if gain * seconds <= per_token * expected:
                 break
             if blocked is not None and i == blocked[1]:
-                # Only rounding lets a non-starter pass later: do it the long way.
-                return self.allocate_reference(req_ids, available, batch_size, extra_tokens)
+                # Only rounding lets a non-starter pass later. None of them was granted a
+                # token, so they join the heap as they would have stood in it from the start.
+                for j in range(m):
+                    if j in limits:
+                        continue
+                    s = states[j]
+                    if s is None:
+                        a, k = fresh, min(available[j], start_len)
+                    else:
+                        a, k = (s.accepted + ow) / (s.tried + w), min(available[j], s.cap)
+                    if k > 0 and a > 0:
+                        limits[j], alphas[j] = k, a
+                        if j != i:
+                            heapq.heappush(heap, (-a, j))
+                blocked = None
+                continue
             heapq.heappop(heap)
             alloc[i] += 1
             expected += gain
@@ -187,57 +216,5 @@ class DraftBudget:
                 heapq.heappush(heap, (-(gain * alphas[i]), i))
         return alloc
 
-    def allocate_reference(self, req_ids: Sequence[Hashable], available: Sequence[int],
-                           batch_size: int | None = None, extra_tokens: int = 0) -> list[int]:
-        """`allocate_ids` written out directly: every request in one heap."""
-        c = self.config
-        limits = [max(0, min(a, self.cap(r))) for r, a in zip(req_ids, available)]
-        if not c.batch_aware:
-            return limits
-        n = len(limits) if batch_size is None else batch_size
-        alloc = [0] * len(limits)
-        alphas = [self.acceptance(r) for r in req_ids]
-        # Max-heap over the next token's acceptance probability alpha ** (k + 1).
-        heap = [(-a, i) for i, (a, k) in enumerate(zip(alphas, limits)) if k > 0 and a > 0]
-        heapq.heapify(heap)
-        expected = float(n)
-        seconds = c.cost.pass_seconds(n + extra_tokens)
-        while heap:
-            neg_gain, i = heap[0]
-            gain = -neg_gain
-            if gain * seconds <= c.cost.per_token_s * expected:
-                break
-            heapq.heappop(heap)
-            alloc[i] += 1
-            expected += gain
-            seconds += c.cost.per_token_s
-            if alloc[i] < limits[i]:
-                heapq.heappush(heap, (-(gain * alphas[i]), i))
-        return alloc
 
-
-class TreeBudget:
-    """The `tree` rule (`spec.budget: tree`): every request may draft up to `max_len`
-    tokens in every pass, whatever the batch and whatever was rejected before; the
-    drafter's own cut (path probability >= min_path_prob, at most the matched length)
-    decides each draft's length, as vLLM's SuffixDecoding does. It keeps no state, so the
-    proposer's per-pass observations cost nothing here."""
-
-    def __init__(self, max_len: int):
-        if max_len < 1:
-            raise ValueError(f"need max_len >= 1, got {max_len}")
-        self.max_len = max_len
-
-    def allocate_ids(self, req_ids: Sequence[Hashable], available: Sequence[int],
-                     batch_size: int | None = None, extra_tokens: int = 0) -> list[int]:
-        k = self.max_len
-        return [max(0, min(a, k)) for a in available]
-
-    def observe(self, req_id: Hashable, proposed: int, accepted: int) -> None:
-        """No evidence is kept."""
-
-    def forget(self, req_id: Hashable) -> None:
-        """No per-request state."""
-
-
-__all__ = ["BudgetConfig", "DraftBudget", "TreeBudget"]
+__all__ = ["ThroughputBudget", "ThroughputConfig"]
