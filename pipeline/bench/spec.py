@@ -58,8 +58,6 @@ from pipeline.rollout.engine import RolloutEngine
 from pipeline.tasks.chat import PromptEncoder
 from pipeline.tasks.prompts import distinct, eval_prompts, train_rows
 
-PER_METHOD_KEYS = ("tau", "accept_rate", "passes", "scheduled_tokens", "rollout_s", "tok_per_s",
-                   "speedup", "floor_s", "identical")
 # per-step counts: KEY (median over steps) and KEY_steps in the summary
 STEP_KEYS = ("passes_per_step", "critical_passes", "tail_passes", "critical_tau", "tail_tau")
 GPU_MODEL: Roofline = H100_7B
@@ -361,6 +359,6 @@ def workload(plan: Plan, work: list[EpochWork], results: dict[str, MethodResult]
     }
 
 
-__all__ = ["EpochWork", "FIGURE_METHODS", "GPU_MODEL", "MethodResult", "PER_METHOD_KEYS",
-           "STEP_KEYS", "StepWork", "build_work", "figure_step", "gpu_estimate", "run_method",
-           "step_record", "step_summary", "summarize", "workload"]
+__all__ = ["EpochWork", "FIGURE_METHODS", "GPU_MODEL", "MethodResult", "STEP_KEYS", "StepWork",
+           "build_work", "figure_step", "gpu_estimate", "run_method", "step_record",
+           "step_summary", "summarize", "workload"]

@@ -214,8 +214,3 @@ def to_dict(cfg) -> dict:
 def to_yaml(cfg) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
 
-
-def section_docs() -> dict[str, str]:
-    """Section name → its one-line description (for `--help` and the README)."""
-    hints = typing.get_type_hints(Config)
-    return {f.name: (hints[f.name].__doc__ or "").strip() for f in fields(Config)}

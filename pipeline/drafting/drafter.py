@@ -164,11 +164,6 @@ class GroupDrafter:
         p.history = history
         self._global.cap()
 
-    def history_of(self, key: str) -> list[list[int]]:
-        self._bg.wait()
-        p = self._prompts.get(key)
-        return [] if p is None else [h.tokens.tolist() for h in p.history]
-
     def prepare(self, prompts: Sequence[Sequence[int]], history: HistoryLookup,
                 keep: Iterable[str] = ()) -> None:
         """Make `prompts` (token ids; the next rollout's) the prompts the drafter holds, in
@@ -562,11 +557,6 @@ class GroupDrafter:
     def sources(self) -> dict[str, int]:
         """Drafts each tree has served so far: prompt, own, global."""
         return dict(self._wins)
-
-    def cached_prompts(self) -> list[str]:
-        """Keys of prompts whose tree is held, least recently used first."""
-        self._bg.wait()
-        return list(self._trees)
 
     # -- internals --------------------------------------------------------------------
     def _prompt(self, key: str) -> PromptState:

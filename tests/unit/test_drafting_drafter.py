@@ -26,6 +26,19 @@ def hist(*responses, rewards=None):
     return [HistoryResponse(list(r), w) for r, w in zip(responses, rewards)]
 
 
+def history_of(d: GroupDrafter, key: str) -> list[list[int]]:
+    """The token ids of the history the drafter holds for prompt `key` (its state)."""
+    d.settle()
+    p = d._prompts.get(key)
+    return [] if p is None else [h.tokens.tolist() for h in p.history]
+
+
+def cached_prompts(d: GroupDrafter) -> list[str]:
+    """Keys of the prompts whose tree the drafter holds, least recently used first."""
+    d.settle()
+    return list(d._trees)
+
+
 # ---------------------------------------------------------------- suffix tree wrapper
 
 def test_suffix_tree_wrapper_counts_and_cut():
@@ -75,7 +88,7 @@ def test_history_is_keyed_by_prompt_and_replaced_not_appended():
     assert d.draft("q", 8).token_ids == [2, 7, 7]
     d.set_history(prompt_hash(P), hist([1, 2, 9, 9]))  # refreshed after a step
     assert d.draft("p", 8).token_ids == [2, 9, 9]
-    assert d.history_of(prompt_hash(P)) == [[1, 2, 9, 9]]
+    assert history_of(d, prompt_hash(P)) == [[1, 2, 9, 9]]
 
 
 def test_history_refresh_keeps_unchanged_responses_in_the_tree():
@@ -87,7 +100,7 @@ def test_history_refresh_keeps_unchanged_responses_in_the_tree():
     d.set_history(prompt_hash(P), hist([1, 2, 3, 5], [1, 2, 3, 5], [1, 2, 3, 4]))
     draft = d.draft("r", 8)
     assert draft.token_ids == [3, 5] and draft.probs == pytest.approx([1.0, 2 / 3])
-    assert d.history_of(prompt_hash(P)) == [[1, 2, 3, 5], [1, 2, 3, 5], [1, 2, 3, 4]]
+    assert history_of(d, prompt_hash(P)) == [[1, 2, 3, 5], [1, 2, 3, 5], [1, 2, 3, 4]]
     d.set_history(prompt_hash(P), hist([1, 2, 3, 4]))
     assert d.draft("r", 8).probs == pytest.approx([1.0, 1.0])
     assert d.stats().tree_bytes <= before
@@ -346,11 +359,11 @@ def test_trees_of_idle_prompts_are_evicted_lru_and_rebuilt_on_return():
         d.start(k, prompt, [5])
         assert d.draft(k, 8).token_ids == [6, 7, 8 + k]
         d.finish(k)
-    assert d.cached_prompts() == [prompt_hash(prompts[1]), prompt_hash(prompts[2])]
+    assert cached_prompts(d) == [prompt_hash(prompts[1]), prompt_hash(prompts[2])]
     assert d.stats().trees == 2
     d.start("back", prompts[0], [5])  # evicted, rebuilt from its compact history
     assert d.draft("back", 8).token_ids == [6, 7, 8]
-    assert d.cached_prompts() == [prompt_hash(prompts[2]), prompt_hash(prompts[0])]
+    assert cached_prompts(d) == [prompt_hash(prompts[2]), prompt_hash(prompts[0])]
 
 
 def test_prompts_with_running_requests_are_never_evicted():

@@ -18,6 +18,7 @@ from pipeline.history import index_file
 from pipeline.history.epochs import last_epochs
 from pipeline.history.store import HistoryStore, RolloutRecord, prompt_hash
 from pipeline.history.window import HistoryRow, HistoryWindow, rows_of_records
+from tests.unit.test_drafting_drafter import cached_prompts, history_of
 
 PROMPTS = {name: [ord(name), 7, 7] for name in "abcdef"}
 
@@ -128,17 +129,17 @@ def test_drafting_holds_the_prompts_at_hand_and_the_next_only():
     assert d.ready() >= 0
     drafter = d.drafter
     assert drafter.history_prompts() == 2
-    assert sorted(drafter.cached_prompts()) == sorted([key("a"), key("b")])  # trees built
+    assert sorted(cached_prompts(drafter)) == sorted([key("a"), key("b")])  # trees built
     d.before([PROMPTS[n] for n in "ab"], 2)  # the prepared rollout: nothing to load
     d.after()
     d.prepare([PROMPTS[n] for n in "cd"], step_records(1, 0, "ab"))
     d.before([PROMPTS["e"]], 1)  # e.g. an evaluation between steps: c, d stay prepared
-    assert sorted(drafter.cached_prompts()) == sorted([key("c"), key("d"), key("e")])
+    assert sorted(cached_prompts(drafter)) == sorted([key("c"), key("d"), key("e")])
     assert drafter.history_prompts() == 3
     d.after()
     d.before([PROMPTS[n] for n in "cd"], 2)
-    assert sorted(drafter.cached_prompts()) == sorted([key("c"), key("d")])
+    assert sorted(cached_prompts(drafter)) == sorted([key("c"), key("d")])
     # a remembered step reaches prompts whose history is held (here: c gets epoch 1)
     d.remember(step_records(2, 1, "c"))
     d.ready()
-    assert len(drafter.history_of(key("c"))) == 4
+    assert len(history_of(drafter, key("c"))) == 4

@@ -17,6 +17,7 @@ from pipeline.costs import CostModel
 from pipeline.drafting.budget_throughput import ThroughputBudget, ThroughputConfig
 from pipeline.drafting.drafter import GroupDrafter
 from pipeline.drafting.inputs import DrafterConfig, HistoryResponse
+from tests.unit.test_drafting_drafter import cached_prompts
 
 P = [90, 91, 92, 93]
 RESPONSE = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
@@ -153,7 +154,7 @@ def test_a_continued_chunk_drafts_from_its_original_prompts_history():
         step(proposer, batch, {"3:0:1-a1b2c3d4": [5]})
         # the request drafted from the tree of the prompt it was keyed by
         key = prompt_hash(P) if told else prompt_hash(P + partial)
-        assert proposer.drafter.cached_prompts() == [key]
+        assert cached_prompts(proposer.drafter) == [key]
 
 
 def test_drafts_stop_at_the_model_length():
