@@ -3,6 +3,9 @@
 packages form no import cycle. And every module of `pipeline` serves the tool: it is reached
 from an entry point (research helpers that only scripts/ and tests use live in scripts/).
 
+Draft budgets are used through their protocol: no module outside `pipeline.drafting` asks
+which budget class it holds (`isinstance` / `issubclass` on a budget class).
+
 Layers, bottom to top (README "Layout"):
   1 kernel    errors, atomic, config, distributed, costs, children
   2 logic     tasks, history, drafting, sched, train.grpo
@@ -170,6 +173,67 @@ def test_the_library_never_starts_the_cli():
                     for node in ast.walk(ast.parse(p.read_text()))
                     if isinstance(node, ast.Constant) and node.value == "rhymectl")
     assert starts == []
+
+
+def _named(node: ast.expr) -> str | None:
+    """The name an expression refers to: `X` or `mod.X` -> "X"."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
+
+
+def budget_classes(sources: dict[str, str]) -> set[str]:
+    """`Budget` and every class of `pipeline.drafting` derived from it, directly or not."""
+    classes = [node for module, text in sources.items() if module.startswith("pipeline.drafting.")
+               for node in ast.walk(ast.parse(text)) if isinstance(node, ast.ClassDef)]
+    names = {"Budget"}
+    grown = True
+    while grown:
+        before = len(names)
+        names |= {c.name for c in classes if any(_named(b) in names for b in c.bases)}
+        grown = len(names) > before
+    return names
+
+
+def budget_type_checks(sources: dict[str, str]) -> list[str]:
+    """`module:line` of each isinstance / issubclass on a budget class outside drafting."""
+    budgets = budget_classes(sources)
+    found = []
+    for module, text in sources.items():
+        if module.startswith("pipeline.drafting."):
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Call) and _named(node.func) in ("isinstance", "issubclass") \
+                    and len(node.args) == 2:
+                kinds = node.args[1]
+                kinds = kinds.elts if isinstance(kinds, ast.Tuple) else [kinds]
+                if any(_named(k) in budgets for k in kinds):
+                    found.append(f"{module}:{node.lineno}")
+    return sorted(found)
+
+
+SOURCES = {m: p.read_text() for m, p in MODULES.items()}
+
+
+def test_no_module_outside_drafting_asks_which_budget_it_holds():
+    assert {"Budget", "TreeBudget", "ThroughputBudget", "CriticalBudget"} <= budget_classes(SOURCES)
+    assert budget_type_checks(SOURCES) == []
+
+
+def test_the_budget_check_finds_a_type_check_on_a_budget_class():
+    sources = {
+        "pipeline.drafting.budget_api": "class Budget(Protocol): ...",
+        "pipeline.drafting.budget_x": "class XBudget(budget_api.Budget): ...\n"
+                                      "class Slow(XBudget): ...\nclass Other: ...",
+        "pipeline.rollout.proposer": "if isinstance(b, (int, budget_x.Slow)):\n    pass\n"
+                                     "isinstance(b, Other)",
+        "pipeline.loop.step": "\n\nissubclass(type(b), XBudget)",
+        "pipeline.drafting.build": "isinstance(b, XBudget)",  # inside drafting: allowed
+    }
+    assert budget_classes(sources) == {"Budget", "XBudget", "Slow"}
+    assert budget_type_checks(sources) == ["pipeline.loop.step:3", "pipeline.rollout.proposer:1"]
 
 
 def entry_points() -> set[str]:
