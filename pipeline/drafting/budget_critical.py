@@ -156,9 +156,6 @@ class CriticalBudget(Budget):
         """The calibration counts (`Calibrator.state()`)."""
         return self.calibrator.state()
 
-    def tau(self, req_id: Hashable) -> float:
-        return self._tau.get(req_id, self._tau_all)
-
     # -- the rule ---------------------------------------------------------------------
     def values(self, req_ids: Sequence[Hashable], remaining: Sequence[tuple[float, float]]
                ) -> np.ndarray:

@@ -85,15 +85,6 @@ class ThroughputBudget(Budget):
         return self.allocate_ids(req_ids, available, batch_size=rows)
 
     # -- per request ------------------------------------------------------------------
-    def cap(self, req_id: Hashable) -> int:
-        """The request's current draft-length cap (what to ask the drafter for)."""
-        return self._get(req_id).cap
-
-    def acceptance(self, req_id: Hashable) -> float:
-        """Estimated probability that a draft token is accepted, given its predecessors were."""
-        s, c = self._get(req_id), self.config
-        return (s.accepted + self.overall_acceptance() * c.prior_weight) / (s.tried + c.prior_weight)
-
     def overall_acceptance(self) -> float:
         """Acceptance rate over all requests observed (the prior of a new request)."""
         a, c = self._all, self.config

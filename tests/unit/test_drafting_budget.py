@@ -18,25 +18,37 @@ def budget(**kw) -> ThroughputBudget:
     return ThroughputBudget(ThroughputConfig(**kw))
 
 
+def cap(b: ThroughputBudget, req_id) -> int:
+    """The request's draft-length cap (its state, made if it has none yet)."""
+    return b._get(req_id).cap
+
+
+def acceptance(b: ThroughputBudget, req_id) -> float:
+    """The rule's estimate that a draft token of the request is accepted, given its
+    predecessors were: its decayed counts, shrunk towards the rate of all requests."""
+    s, c = b._get(req_id), b.config
+    return (s.accepted + b.overall_acceptance() * c.prior_weight) / (s.tried + c.prior_weight)
+
+
 # ---------------------------------------------------------------- per request
 
 def test_cap_doubles_on_full_acceptance_and_halves_on_rejection():
     b = budget(start_len=2, min_len=1, max_len=16)
-    caps = [b.cap("r")]
+    caps = [cap(b, "r")]
     for proposed, accepted in [(2, 2), (4, 4), (8, 8), (16, 16), (16, 3), (8, 0), (4, 1),
                                (2, 0), (1, 0), (1, 1)]:
         b.observe("r", proposed, accepted)
-        caps.append(b.cap("r"))
+        caps.append(cap(b, "r"))
     assert caps == [2, 4, 8, 16, 16, 8, 4, 2, 1, 1, 2]
 
 
 def test_no_draft_is_no_evidence_and_forget_resets():
     b = budget()
     b.observe("r", 0, 0)
-    assert b.cap("r") == 2 and b.acceptance("r") == pytest.approx(0.5)
+    assert cap(b, "r") == 2 and acceptance(b, "r") == pytest.approx(0.5)
     b.observe("r", 2, 2)
     b.forget("r")
-    assert b.cap("r") == 2
+    assert cap(b, "r") == 2
 
 
 def test_acceptance_estimate_is_shrunk_towards_all_requests():
@@ -44,12 +56,12 @@ def test_acceptance_estimate_is_shrunk_towards_all_requests():
     b.observe("a", 4, 4)  # 4 accepted of 4 tried (no rejection seen)
     # overall: (4 + 0.5*2) / (4 + 2) = 5/6; a: (4 + 5/6*2) / (4 + 2) = 17/18
     assert b.overall_acceptance() == pytest.approx(5 / 6)
-    assert b.acceptance("a") == pytest.approx(17 / 18)
+    assert acceptance(b, "a") == pytest.approx(17 / 18)
     b.observe("b", 4, 1)  # 1 accepted, then a rejection: 2 tried, the rest untested
     # overall: (5 + 1) / (6 + 2) = 0.75; b: (1 + 0.75*2) / (2 + 2) = 0.625
     assert b.overall_acceptance() == pytest.approx(0.75)
-    assert b.acceptance("b") == pytest.approx(0.625)
-    assert b.acceptance("new") == pytest.approx(0.75)
+    assert acceptance(b, "b") == pytest.approx(0.625)
+    assert acceptance(b, "new") == pytest.approx(0.75)
 
 
 def test_config_checks_the_length_order():
@@ -212,9 +224,9 @@ def reference_allocation(b: ThroughputBudget, req_ids, available, batch_size) ->
     """`allocate_ids` written out directly: every request in one max-heap over its next
     token's acceptance probability alpha ** (k + 1), popped while the token pays."""
     c = b.config
-    limits = [max(0, min(a, b.cap(r))) for r, a in zip(req_ids, available)]
+    limits = [max(0, min(a, cap(b, r))) for r, a in zip(req_ids, available)]
     alloc = [0] * len(limits)
-    alphas = [b.acceptance(r) for r in req_ids]
+    alphas = [acceptance(b, r) for r in req_ids]
     heap = [(-a, i) for i, (a, k) in enumerate(zip(alphas, limits)) if k > 0 and a > 0]
     heapq.heapify(heap)
     expected = float(batch_size)

@@ -31,6 +31,11 @@ def budget(fn, max_len=32) -> CriticalBudget:
     return CriticalBudget(CriticalConfig(max_len=max_len), cost_from(fn))
 
 
+def tau(b: CriticalBudget, req_id) -> float:
+    """The budget's tokens-per-pass estimate of a request (the prior for a new one)."""
+    return b._tau.get(req_id, b._tau_all)
+
+
 def known(estimates):
     """A remaining-length estimate that returns `estimates` ((mean, std) per candidate)."""
     return lambda req_ids: estimates
@@ -108,11 +113,11 @@ def test_unknown_cost_drafts_to_the_cap():
 
 def test_tau_follows_accepted_tokens():
     b = budget(LINEAR)
-    assert b.tau("r") == pytest.approx(2.0)
+    assert tau(b, "r") == pytest.approx(2.0)
     b.observe_draft("r", [0.9] * 4, 4)  # 5 tokens in that pass
-    assert b.tau("r") == pytest.approx(0.7 * 2 + 0.3 * 5)
+    assert tau(b, "r") == pytest.approx(0.7 * 2 + 0.3 * 5)
     b.forget("r")
-    assert b.tau("r") == pytest.approx(b.tau("new"))
+    assert tau(b, "r") == pytest.approx(tau(b, "new"))
 
 
 def test_config_checks():
@@ -275,7 +280,7 @@ def test_as_a_budget_it_trims_drafts_and_learns_from_the_kept_part():
     b.observe("a", 3, 1)  # a: token 1 accepted (q = 0.9), token 2 rejected (q = 0.5)
     rows = {(r.lo, r.hi): r for r in b.calibrator.table()}
     assert sum(r.tried for r in rows.values()) == 2
-    assert b.tau("a") == pytest.approx(0.7 * 2 + 0.3 * 2)
+    assert tau(b, "a") == pytest.approx(0.7 * 2 + 0.3 * 2)
     b.observe("a", 3, 1)  # the draft was verified once: nothing is left to learn from
     assert sum(r.tried for r in b.calibrator.table()) == 2
     b.forget("b")  # a request that stopped before its draft was verified

@@ -17,6 +17,7 @@ from pipeline.costs import CostModel
 from pipeline.drafting.budget_throughput import ThroughputBudget, ThroughputConfig
 from pipeline.drafting.drafter import GroupDrafter
 from pipeline.drafting.inputs import DrafterConfig, HistoryResponse
+from tests.unit.test_drafting_budget import cap
 from tests.unit.test_drafting_drafter import cached_prompts
 
 P = [90, 91, 92, 93]
@@ -115,7 +116,7 @@ def test_history_drafts_grow_with_full_acceptance_and_are_observed():
     assert step(proposer, batch, {"r": [77]}) == [[]]
     s = proposer.stats
     assert (s.seq_passes, s.emitted, s.drafted, s.accepted) == (3, 9, 9, 6)
-    assert proposer.budget.cap("r") == 4
+    assert cap(proposer.budget, "r") == 4
 
 
 def test_partial_prefill_rows_get_no_draft_and_siblings_share_tokens():
