@@ -14,7 +14,7 @@ from pipeline.config import load_config
 from pipeline.loop import evaluate as ev
 from pipeline.tasks.chat import PromptEncoder, PromptFormat
 from pipeline.tasks.prompts import Prompt
-from pipeline.rollout.contract import Completion
+from pipeline.rollout.contract import Completion, RolloutResult, RolloutStats
 
 REPO_CONFIG = Path(__file__).resolve().parents[2] / "sample_configs/tiny.yaml"
 
@@ -45,7 +45,7 @@ class ScriptedEngine:
                 texts = [answer if i < self.right[answer] else "x" for i in range(spec.n)]
             groups.append([Completion(str(j), [ord(c) for c in t], [0.0] * len(t), "stop", 0.0)
                            for j, t in enumerate(texts)])
-        return groups
+        return RolloutResult(groups, RolloutStats())
 
 
 def reward(prompt: str, response: str, answer: str) -> float:
