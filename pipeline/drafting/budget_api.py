@@ -9,8 +9,9 @@ The proposer drives every rule the same way, once per pass, in two stages:
    schedules one token besides its draft; remaining: the drafter's remaining-length estimate,
    `remaining(req_ids) -> [(mean, std)]` in tokens, for rules that need it.
 2. `grant(drafts)` -> tokens kept of each draft (a prefix), given the drafter's drafts for
-   the candidates of the last `ask` (empty where nothing was asked or found). A rule that
-   sizes drafts before seeing them keeps them whole.
+   the candidates of the last `ask` (empty where nothing was asked or found; not called
+   when `ask` asked for nothing). A rule that sizes drafts before seeing them keeps them
+   whole.
 
 Then, per request, `observe(req_id, proposed, accepted)` when a kept draft was verified
 (`accepted` of its `proposed` tokens), and `forget(req_id)` when the request stopped; per
