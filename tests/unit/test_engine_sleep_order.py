@@ -18,7 +18,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pipeline import distributed
 from pipeline.config import load_config
 from pipeline.loop.batches import PromptSource
 from pipeline.loop.context import Context
@@ -108,19 +107,6 @@ class CountingActor:
 
     def named_weights(self):
         yield "w", torch.tensor(float(self.version))
-
-
-@pytest.fixture
-def one_rank(monkeypatch):
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", "1")
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(distributed.free_port()))
-    already = torch.distributed.is_initialized()
-    distributed.init()
-    yield
-    if not already:
-        torch.distributed.destroy_process_group()
 
 
 def context(tmp_path, llm) -> Context:

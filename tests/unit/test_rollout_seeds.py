@@ -146,19 +146,6 @@ def test_generate_first_aborts_what_it_does_not_wait_for():
     assert result.stats.dropped_tokens == 0 and result.stats.requests == 2
 
 
-@pytest.fixture
-def one_rank(monkeypatch):
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", "1")
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(distributed.free_port()))
-    already = torch.distributed.is_initialized()
-    distributed.init()
-    yield
-    if not already:
-        torch.distributed.destroy_process_group()
-
-
 def test_scheduler_chunks_are_seeded_by_their_id_and_chunk_0_as_the_whole_response(one_rank):
     """Seer continues a response in chunks of 8 tokens: chunk c of response s of group g
     draws with the step seed + g * n + s + 1_000_003 * c, its first chunk with the seed
