@@ -22,6 +22,18 @@ TESTS = Path(__file__).resolve().parent
 TIERS = ("unit", "engine")
 
 
+def pytest_sessionstart(session):
+    """Test modules are imported by basename (rootdir import mode): two tiers holding the
+    same file name collect alone but fail the full suite, so refuse them in any run."""
+    seen: dict[str, Path] = {}
+    for path in sorted(TESTS.rglob("test_*.py")):
+        if path.name in seen:
+            raise pytest.UsageError(
+                f"{path.relative_to(TESTS)} and {seen[path.name].relative_to(TESTS)} share a file name; "
+                "rename one (pytest imports test modules by basename)")
+        seen[path.name] = path
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         tier = Path(str(item.fspath)).resolve().relative_to(TESTS).parts[0]
