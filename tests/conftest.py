@@ -13,12 +13,17 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 TESTS = Path(__file__).resolve().parent
+# torchrun's variables: a test that leaves them in this process makes every later
+# `rhymectl train --nproc N` it starts believe it already runs under torchrun
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                 "MASTER_PORT", "TORCHELASTIC_RUN_ID")
 TIERS = ("unit", "engine")
 
 
@@ -40,3 +45,37 @@ def pytest_collection_modifyitems(config, items):
         if tier not in TIERS:
             raise pytest.UsageError(f"{item.nodeid}: tests live in tests/unit or tests/engine")
         item.add_marker(tier)
+
+
+@pytest.fixture(autouse=True)
+def _torchrun_variables_stay_out(request):
+    before = {k: os.environ.get(k) for k in TORCHRUN_VARS}
+    yield
+    after = {k: os.environ.get(k) for k in TORCHRUN_VARS}
+    if after != before:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        changed = sorted(k for k in TORCHRUN_VARS if after[k] != before[k])
+        pytest.fail(f"{request.node.nodeid} left {', '.join(changed)} in os.environ (later "
+                    "tests would start ranks as if under torchrun); use the one_rank fixture")
+
+
+@pytest.fixture
+def one_rank(monkeypatch):
+    """A one-rank gloo process group, as `pipeline.distributed.init` makes outside torchrun
+    (torchrun's variables set for this test only); torn down after unless it existed."""
+    from pipeline import distributed
+
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
+                        ("LOCAL_WORLD_SIZE", "1")):
+        monkeypatch.setenv(name, value)  # vLLM's in-process executor reads LOCAL_RANK
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(distributed.free_port()))
+    already = torch.distributed.is_initialized()
+    distributed.init()
+    yield
+    if not already and torch.distributed.is_initialized():  # (vLLM may have left it)
+        torch.distributed.destroy_process_group()

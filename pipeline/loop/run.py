@@ -158,7 +158,7 @@ def restore(ctx: Context, state: dict | None) -> None:
 
 def restore_drafting(ctx: Context) -> None:
     """Refresh the run's index (rank 0) to the rolled-back history, which the drafter then
-    reads prompt by prompt. A missing index means live drafting only, with a warning; a
+    reads prompt by prompt. A missing index means reading every step file, with a warning; a
     corrupt or foreign one stops the run (one line, exit 2) rather than being used."""
     cfg = ctx.cfg
     if ctx.engine.drafting is None or not method(cfg.spec.method).history:
@@ -171,9 +171,9 @@ def restore_drafting(ctx: Context) -> None:
         index.check(ctx.run_dir, cfg.model.path)
     elif ctx.rank == 0:
         import sys
-        print(f"warning: {ctx.run_dir}/{index.INDEX_DIR} has no history index; drafting from "
-              f"live siblings until history accumulates (build one with `rhymectl index build "
-              f"{ctx.run_dir}`)", file=sys.stderr)
+        print(f"warning: {ctx.run_dir}/{index.INDEX_DIR} has no history index; the drafter "
+              f"reads history from every step file instead, which is slower (build one with "
+              f"`rhymectl index build {ctx.run_dir}`)", file=sys.stderr)
 
 
 def train(ctx: Context, view_factory: ViewFactory | None = None) -> None:

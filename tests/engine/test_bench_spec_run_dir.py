@@ -30,7 +30,7 @@ def test_cli_refuses_one_epoch_and_foreign_directories(capsys, tmp_path, tiny_mo
     assert [p.name for p in other.iterdir()] == ["notes.txt"]
 
 
-def test_critical_path_keys_from_the_real_engine(tiny_model):
+def test_critical_path_keys_from_the_real_engine(tiny_model, one_rank):
     """One step of 4 prompts x 8 on the real engine without speculation and with
     history+group (siblings only: no history yet): the meter's pass log agrees with the
     completions, and the bench's per-step and GPU-estimate keys are there."""
@@ -38,7 +38,6 @@ def test_critical_path_keys_from_the_real_engine(tiny_model):
 
     from transformers import AutoTokenizer
 
-    from pipeline import distributed as dist
     from pipeline.bench.spec import STEP_KEYS, MethodResult, summarize
     from pipeline.bench.spec_repeats import aggregate
     from pipeline.config import load_config
@@ -51,7 +50,7 @@ def test_critical_path_keys_from_the_real_engine(tiny_model):
     tok = AutoTokenizer.from_pretrained(str(tiny_model))
     prompts = [tok(r["prompt"])["input_ids"] for r in get_task("sort").generate(4, 11)]
     sampling = Sampling(n=8, temperature=1.0, max_tokens=64, seed=3, logprobs=False)
-    dist.init()  # one 1-rank group for both engines, as the bench does (`run_method`)
+    # `one_rank`: one 1-rank group for both engines, as the bench does (`run_method`)
     results = {}
     for method in ("none", "history+group"):
         engine = RolloutEngine.from_config(cfg, spec=replace(cfg.spec, method=method))

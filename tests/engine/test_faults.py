@@ -131,7 +131,7 @@ def test_with_history_and_sibling_drafts_resumes_complete(tiny_model, tmp_path):
     resumed from the step-2 checkpoint: their drafter history comes back from the index
     that checkpoint refreshed, drafts from it are accepted, and the engine still samples
     from the trained weights (vLLM's logprobs of the sampled tokens equal the trainer's).
-    Without the index, a resume warns and drafts from live siblings only."""
+    Without the index, a resume warns and the drafter reads the history from the step files."""
     run_dir = tmp_path / "run"
     args = ("spec.method=history+group", "data.train_size=4", "rollout.temperature=1.0",
             "rollout.logprob_check_every=1")
@@ -163,7 +163,7 @@ def test_with_history_and_sibling_drafts_resumes_complete(tiny_model, tmp_path):
     proc = train(tiny_model, run_dir, *args, f"train.total_steps={STEPS + 1}", resume=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "has no history index" in proc.stderr
-    assert _metrics(run_dir)[STEPS]["spec_history_prompts"] == 0
+    assert _metrics(run_dir)[STEPS]["spec_history_prompts"] == BATCH
 
 
 def _metrics(run_dir: Path) -> list[dict]:
