@@ -1,1 +1,0 @@
-"""Fixtures shared by unit tests (the one-rank process group lives in tests/conftest.py)."""
