@@ -120,6 +120,9 @@ class SpecConfig:
     # critical: shorten the step's critical path, per-token acceptance from the trees'
     # path counts, online pass cost. Measured in docs/speculation.md.
     budget: Literal["tree", "critical", "throughput"] = "tree"
+    # rhymectl's drafters: a draft that stops short of its cap where the suffix tree's depth
+    # ends is continued from the tree (more draft tokens, fewer target passes)
+    chain_drafts: bool = True
 
     def spec_factor(self) -> float:
         """max_spec_factor as `method` applies it: the number set, else the method's

@@ -26,7 +26,8 @@ def drafter_config(spec: SpecConfig) -> DrafterConfig:
     return DrafterConfig.for_method(spec.method, min_path_prob=spec.min_path_prob,
                                     max_spec_factor=spec.spec_factor(),
                                     reward_weighted=spec.reward_weighted,
-                                    max_cached_prompts=spec.max_cached_prompts)
+                                    max_cached_prompts=spec.max_cached_prompts,
+                                    chain=spec.chain_drafts)
 
 
 def make_budget(spec: SpecConfig) -> Budget:

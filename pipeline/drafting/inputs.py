@@ -33,6 +33,10 @@ class DrafterConfig:
     tree through the history;
     global_fallback: ask the global tree only when the prompt's own trees offer no draft
     (default; False: keep whichever draft scores higher);
+    chain: a draft that stops before its cap is continued by asking the same tree again
+    with the draft appended to the context (`drafter.chain_draft`): one query drafts at
+    most max_depth - match_len tokens, which keeps drafts short where history repeats
+    itself for longer; measured in docs/speculation.md ("Draft chains");
     background: work the next drafts need but the current ones do not (live tokens into
     the trees after a pass, ended groups out, trees built ahead) runs in a background
     thread (`pipeline.drafting.background`); False runs it inline, with the same drafts.
@@ -53,6 +57,7 @@ class DrafterConfig:
     global_tokens_per_prompt: int = 1 << 13
     global_live: bool = False
     global_fallback: bool = True
+    chain: bool = True
     background: bool = True
 
     @classmethod

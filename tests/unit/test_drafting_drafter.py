@@ -18,6 +18,7 @@ R = [70, 71, 72, 73]
 
 def drafter(**kw) -> GroupDrafter:
     kw.setdefault("max_spec_factor", 8.0)  # let short matches draft far in these small cases
+    kw.setdefault("chain", False)  # one query per draft (chains: test_drafting_chain.py)
     return GroupDrafter(DrafterConfig(**kw))
 
 
@@ -212,7 +213,7 @@ def test_preempted_request_resumes_with_its_output():
 
 @pytest.mark.parametrize("method", ["history", "group", "history+group"])
 def test_self_drafting_with_empty_history(method):
-    d = GroupDrafter(DrafterConfig.for_method(method, max_spec_factor=8.0))
+    d = GroupDrafter(DrafterConfig.for_method(method, max_spec_factor=8.0, chain=False))
     d.start("r", P, [5, 6, 7, 8, 5, 6])  # the output repeats itself
     d.append("r", [7])
     assert d.draft("r", 8).token_ids[:2] == [8, 5]
@@ -410,7 +411,7 @@ def test_history_from_read_only_arrays():
 
     ids = np.arange(5, 25, dtype=np.int32)
     ids.flags.writeable = False
-    d = GroupDrafter(DrafterConfig.for_method("history", max_spec_factor=8.0))
+    d = GroupDrafter(DrafterConfig.for_method("history", max_spec_factor=8.0, chain=False))
     d.set_history(prompt_hash([1, 2, 3]), [HistoryResponse(ids)])
     d.start("r", [1, 2, 3], [5, 6, 7])
     assert d.draft("r", 4).token_ids == [8, 9, 10, 11]
@@ -428,7 +429,7 @@ def test_long_requests_draft_the_same_after_the_window_is_cut(method, monkeypatc
 
     def run() -> tuple[list[list[int]], int]:
         rng = random.Random(7)
-        d = GroupDrafter(DrafterConfig.for_method(method, max_depth=8, max_spec_factor=4.0))
+        d = GroupDrafter(DrafterConfig.for_method(method, max_depth=8, max_spec_factor=4.0, chain=False))
         motif = [rng.randrange(1, 9) for _ in range(40)]
         d.set_history(prompt_hash(P), hist(motif * 3))
         for r in ("a", "b"):

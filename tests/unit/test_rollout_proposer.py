@@ -209,7 +209,8 @@ def simulate(method: str, cost: str, seed: int = 0) -> dict:
                           model_config=SimpleNamespace(max_model_len=max_len))
     proposer = RhymeProposer(cfg)
     batch = FakeBatch(max_len, rows=rows_cap)
-    drafter = GroupDrafter(DrafterConfig.for_method(method, max_spec_factor=2.0, global_live=True))
+    drafter = GroupDrafter(DrafterConfig.for_method(method, max_spec_factor=2.0, global_live=True,
+                                                    chain=False))  # recorded before chains
     budget = ThroughputBudget(ThroughputConfig(max_len=8, start_len=2, cost=COSTS[cost],
                                                explore_floor=0.0))
     attach(SimpleNamespace(input_batch=batch, drafter=proposer), drafter, budget)
