@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests.unit.vllm_runner_stand_in import runner_stand_in
 from pipeline.config import load_config
 from pipeline.loop.batches import PromptSource
 from pipeline.loop.context import Context
@@ -39,13 +40,7 @@ class SleepingLLM:
         self.backup: str | None = None
         self.sampled: list[str] = []  # the weights each generate call sampled from
         self.calls: list[str] = []
-        runner = SimpleNamespace(
-            input_batch=SimpleNamespace(req_ids=[], req_id_to_index={}, num_prompt_tokens=None,
-                                        token_ids_cpu=None, num_tokens_no_spec=None),
-            drafter=None, execute_model=lambda *a, **k: None,
-            propose_draft_token_ids=lambda *a, **k: [],
-            get_model=lambda: SimpleNamespace(config=SimpleNamespace(tie_word_embeddings=False)),
-            reload_weights=self._reload)
+        runner = runner_stand_in(self._reload)
         self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(
             driver_worker=SimpleNamespace(worker=SimpleNamespace(model_runner=runner))))
 

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests.unit.vllm_runner_stand_in import runner_stand_in
 from pipeline import distributed
 from pipeline.config.schema import SchedConfig
 from pipeline.loop.sched_runtime import rollout
@@ -75,13 +76,7 @@ class RecordingLLM:
     """`vllm.LLM` as far as the adapter uses it without speculation or sleep mode."""
 
     def __init__(self):
-        runner = SimpleNamespace(
-            input_batch=SimpleNamespace(req_ids=[], req_id_to_index={}, num_prompt_tokens=None,
-                                        token_ids_cpu=None, num_tokens_no_spec=None),
-            drafter=None, execute_model=lambda *a, **k: None,
-            propose_draft_token_ids=lambda *a, **k: [],
-            get_model=lambda: SimpleNamespace(config=SimpleNamespace(tie_word_embeddings=False)),
-            reload_weights=lambda weights_iterator: None)
+        runner = runner_stand_in(lambda weights_iterator: None)
         self.llm_engine = StreamEngine(runner)
         self.batch_seeds: list[int | None] = []
 
