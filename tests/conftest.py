@@ -20,10 +20,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 TESTS = Path(__file__).resolve().parent
-# torchrun's variables: a test that leaves them in this process makes every later
-# `rhymectl train --nproc N` it starts believe it already runs under torchrun
-TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                 "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+# torchrun's variables that the launcher reads: a test that leaves them in this process makes
+# every later `rhymectl train --nproc N` it starts believe it already runs under torchrun
+# (vLLM's in-process executor sets LOCAL_WORLD_SIZE itself, which the launcher ignores)
+LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")
 TIERS = ("unit", "engine")
 
 
@@ -49,16 +49,15 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _torchrun_variables_stay_out(request):
-    before = {k: os.environ.get(k) for k in TORCHRUN_VARS}
+    before = {k: os.environ.get(k) for k in LAUNCH_VARS}
     yield
-    after = {k: os.environ.get(k) for k in TORCHRUN_VARS}
-    if after != before:
-        for k, v in before.items():
-            if v is None:
+    changed = sorted(k for k in LAUNCH_VARS if os.environ.get(k) != before[k])
+    if changed:
+        for k in changed:
+            if before[k] is None:
                 os.environ.pop(k, None)
             else:
-                os.environ[k] = v
-        changed = sorted(k for k in TORCHRUN_VARS if after[k] != before[k])
+                os.environ[k] = before[k]
         pytest.fail(f"{request.node.nodeid} left {', '.join(changed)} in os.environ (later "
                     "tests would start ranks as if under torchrun); use the one_rank fixture")
 
