@@ -50,10 +50,20 @@ def alive(pid: int) -> bool:
     return True
 
 
+def default_signals() -> None:
+    """In the parent before it execs: the dispositions a shell gives a foreground command.
+    A process inherits ignored signals, and Python installs its Ctrl-C handler only when
+    SIGINT is not ignored at start. A test process left ignoring SIGINT by code it ran
+    in-process made the parent ignore Ctrl-C, and the Ctrl-C test hang."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 def start(tmp_path: Path, ignore: str = "", grace_s: float = 0.5):
     pidfile = tmp_path / "child.pid"
     parent = subprocess.Popen([sys.executable, "-c", PARENT, CHILD, str(pidfile), ignore,
-                               str(grace_s)], cwd=REPO, stderr=subprocess.PIPE, text=True)
+                               str(grace_s)], cwd=REPO, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=default_signals)
     deadline = time.monotonic() + 30
     while not pidfile.exists():
         assert parent.poll() is None and time.monotonic() < deadline, "the child did not start"
