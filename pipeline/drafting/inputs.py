@@ -34,7 +34,7 @@ class DrafterConfig:
     global_fallback: ask the global tree only when the prompt's own trees offer no draft
     (default; False: keep whichever draft scores higher);
     chain: a draft that stops before its cap is continued by asking the same tree again
-    with the draft appended to the context (`drafter.chain_draft`): one query drafts at
+    with the draft appended to the context (`pipeline.drafting.chain`): one query drafts at
     most max_depth - match_len tokens, which keeps drafts short where history repeats
     itself for longer; measured in docs/speculation.md ("Draft chains");
     background: work the next drafts need but the current ones do not (live tokens into

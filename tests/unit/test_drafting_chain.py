@@ -4,7 +4,7 @@ over (pure logic on the real C++ tree, no engine)."""
 
 from __future__ import annotations
 
-from pipeline.drafting.drafter import chain_draft
+from pipeline.drafting.chain import chain_draft
 from pipeline.drafting.inputs import DrafterConfig
 from pipeline.drafting.suffix_tree import SuffixTree
 
