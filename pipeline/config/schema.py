@@ -121,8 +121,13 @@ class SpecConfig:
     # path counts, online pass cost. Measured in docs/speculation.md.
     budget: Literal["tree", "critical", "throughput"] = "tree"
     # rhymectl's drafters: a draft that stops short of its cap where the suffix tree's depth
-    # ends is continued from the tree (more draft tokens, fewer target passes)
+    # ends is continued from the tree (more draft tokens, fewer target passes): every
+    # draft while a pass would schedule at most chain_all_tokens tokens (running requests x
+    # (1 + cap); a GPU runs such a pass memory-bound, at about the same cost whatever it
+    # verifies: 296 is the ridge of the H100 7B roofline in pipeline.costs), above that
+    # only those of requests whose last draft was accepted whole
     chain_drafts: bool = True
+    chain_all_tokens: int = non_negative(296)
 
     def spec_factor(self) -> float:
         """max_spec_factor as `method` applies it: the number set, else the method's

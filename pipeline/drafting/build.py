@@ -27,7 +27,8 @@ def drafter_config(spec: SpecConfig) -> DrafterConfig:
                                     max_spec_factor=spec.spec_factor(),
                                     reward_weighted=spec.reward_weighted,
                                     max_cached_prompts=spec.max_cached_prompts,
-                                    chain=spec.chain_drafts)
+                                    chain=spec.chain_drafts,
+                                    chain_all_tokens=spec.chain_all_tokens)
 
 
 def make_budget(spec: SpecConfig) -> Budget:

@@ -66,6 +66,7 @@ are destroyed in the background too (tens of ms for a large tree).
 from __future__ import annotations
 
 from collections import OrderedDict
+from itertools import repeat
 import time
 from dataclasses import replace
 from typing import Callable, Hashable, Iterable, Mapping, Sequence
@@ -335,6 +336,15 @@ class GroupDrafter:
         drafts = iter(self._drafts_of([r for r, _ in asked], [k for _, k in asked]))
         return [EMPTY_DRAFT if req is None else next(drafts) for req in reqs]
 
+    def cut(self, req_id: Hashable, k: int) -> None:
+        """Only the first `k` tokens of the request's last draft were proposed (a budget
+        trimmed it): whether that draft is accepted whole is judged on those."""
+        self._bg.wait()
+        req = self._live.running.get(req_id)
+        if req is not None and req.sent is not None:
+            tokens, cap, _ = req.sent
+            req.sent = (tokens[:k], cap, 0.0)
+
     def after_pass(self, presume: bool = False) -> None:
         """A pass's drafts are out: what the next pass's drafts need and these did not —
         the pass's tokens in the trees, ended sequences out — starts now, in the
@@ -370,7 +380,11 @@ class GroupDrafter:
         t1 = time.perf_counter()
         out = []
         wins, global_tree = self._wins, self._global.tree
-        for req, cap in zip(reqs, caps):
+        # a thin pass chains every draft; a full one those of the requests predicted to
+        # end last (the step's critical path) and of requests on a sure path
+        thin = len(live.running) * (1 + max(caps, default=0)) <= cfg.chain_all_tokens
+        longest = self._longest(reqs) if cfg.chain and not thin else repeat(False)
+        for req, cap, last in zip(reqs, caps, longest):
             p = prompts[req.key]
             tree = p.tree
             context = req.context()
@@ -381,7 +395,8 @@ class GroupDrafter:
                 best, source = pre[3], pre[4]  # worked out after the last pass, trees unchanged
                 self.presumed_hits += 1
             else:
-                best, source = self._query(req, p, tree, cap, context)
+                best, source = self._query(req, p, tree, cap, context,
+                                           thin or last or req.sure())
             req.sent, req.presumed = (best.token_ids, cap, best.score), None
             if best.token_ids:
                 self._drafts += 1
@@ -392,6 +407,20 @@ class GroupDrafter:
         times.live_in += t1 - t0
         times.queries += time.perf_counter() - t1
         return out
+
+    def _longest(self, reqs: list[LiveRequest]) -> list[bool]:
+        """Which of these requests are predicted to end last: the `chain_longest` share
+        with the longest predicted responses (generated + predicted remaining tokens,
+        `remaining`; ties included)."""
+        n = round(self.config.chain_longest * len(reqs))
+        if n <= 0:
+            return [False] * len(reqs)
+        prompts = self._prompts
+        items = [(r.req_id, r.key, r.end - len(prompts[r.key].prompt_ids)) for r in reqs]
+        totals = [g + m for (_, _, g), (m, _) in
+                  zip(items, self._remaining.estimate_many(items))]
+        cut = sorted(totals)[len(totals) - n]
+        return [t >= cut for t in totals]
 
     def _versions(self, req: LiveRequest, tree: SuffixTree) -> tuple[int, int, int]:
         """What a draft depends on besides context and cap: the versions of its trees."""
@@ -412,13 +441,15 @@ class GroupDrafter:
             req.trim()
 
     def _query(self, req: LiveRequest, p: PromptState, tree: SuffixTree, max_tokens: int,
-               context: list[int]) -> tuple[Draft, str]:
+               context: list[int], sure: bool) -> tuple[Draft, str]:
         """The best-scoring draft of the request's trees for `context`, and the tree that
-        served it."""
+        served it. sure: a draft that stops short of its cap is chained
+        (`DrafterConfig.chain`; the caller decides where)."""
         cfg = self.config
+        chain = cfg.chain and sure
         memo = cfg.use_siblings and not cfg.global_live  # the trees are all in the key
         if memo:
-            last, versions = p.last, (tree.version, self._global.tree.version)
+            last, versions = p.last, (tree.version, self._global.tree.version, chain)
             if last is not None and last.versions == versions \
                     and last.max_tokens == max_tokens and last.context == context:
                 # a sibling in the same state (GRPO siblings often share their context:
@@ -440,7 +471,7 @@ class GroupDrafter:
                 d = self._global.speculate(*args)
                 if d.score > best.score:
                     best, source = d, "global"
-        if cfg.chain and best.token_ids and len(best.token_ids) < max_tokens:
+        if chain and best.token_ids and len(best.token_ids) < max_tokens:
             tree_of = {"prompt": tree, "own": req.own, "global": self._global}
             best = chain_draft(tree_of[source], context, best, max_tokens, cfg)
         if memo:
@@ -497,7 +528,7 @@ class GroupDrafter:
                 guess = req.own.speculate(context[-GUESS_CONTEXT:], *args)
             if guess.token_ids:
                 context = (context + guess.token_ids)[-req.keep:]  # and the next token
-                best, source = self._query(req, p, tree, cap, context)
+                best, source = self._query(req, p, tree, cap, context, True)
                 req.presumed = (cap, self._versions(req, tree), context, best, source)
             yield
 

@@ -36,7 +36,13 @@ class DrafterConfig:
     chain: a draft that stops before its cap is continued by asking the same tree again
     with the draft appended to the context (`pipeline.drafting.chain`): one query drafts at
     most max_depth - match_len tokens, which keeps drafts short where history repeats
-    itself for longer; measured in docs/speculation.md ("Draft chains");
+    itself for longer; measured in docs/speculation.md ("Draft chains"). Every draft is
+    chained while the pass is thin (running requests x (1 + cap) <= chain_all_tokens:
+    a GPU pass that costs about the same whatever it verifies); in a fuller pass, those
+    of the `chain_longest` share of requests predicted to end last (the step's critical
+    path) and of requests whose last draft was accepted whole. Chaining every draft of a
+    full batch doubled the verified tokens and the drafter's time for 3 % more tokens
+    per pass (docs/speculation.md, "Draft chains");
     background: work the next drafts need but the current ones do not (live tokens into
     the trees after a pass, ended groups out, trees built ahead) runs in a background
     thread (`pipeline.drafting.background`); False runs it inline, with the same drafts.
@@ -58,6 +64,8 @@ class DrafterConfig:
     global_live: bool = False
     global_fallback: bool = True
     chain: bool = True
+    chain_all_tokens: int = 296
+    chain_longest: float = 0.25
     background: bool = True
 
     @classmethod

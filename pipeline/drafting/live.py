@@ -82,6 +82,16 @@ class LiveRequest:
         self.pending = self.base + len(self.tokens)
         self.tokens += tokens
 
+    def sure(self) -> bool:
+        """Its last draft was accepted whole: the tokens appended since are that draft
+        and the token the target sampled after it."""
+        sent = self.sent
+        if sent is None or not sent[0]:
+            return False
+        drafted = sent[0]
+        new = self.base + len(self.tokens) - self.pending
+        return new == len(drafted) + 1 and self.tokens[-new:-1] == drafted
+
     def context(self) -> list[int]:
         """The newest `keep` tokens (fewer while the request is shorter)."""
         return self.tokens[-self.keep:]

@@ -28,7 +28,7 @@ class LastDraft(NamedTuple):
     """A prompt's last draft from its trees and what it was drafted from: a sibling asking
     with the same context and cap while the trees are unchanged gets the same draft."""
 
-    versions: tuple[int, int]  # (prompt tree version, global tree version)
+    versions: tuple[int, int, bool]  # (prompt tree version, global tree version, chained)
     max_tokens: int
     context: list[int]
     draft: Draft

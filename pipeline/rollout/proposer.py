@@ -148,6 +148,8 @@ class RhymeProposer:
             drafts_done = time.perf_counter()
             proposed = self._proposed
             for j, k in enumerate(budget.grant(drafts)):
+                if k < len(drafts[j].token_ids):
+                    drafter.cut(cand_ids[j], k)  # judged on what was proposed
                 if k:
                     i = j if cand_rows is None else cand_rows[j]
                     out[i] = drafts[j].token_ids[:k]

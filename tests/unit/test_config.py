@@ -177,6 +177,7 @@ RULES = {
     "spec.min_path_prob": ("0", "0.0", FRACTION),
     "spec.max_spec_factor": ("0", "0.0", POSITIVE),
     "spec.max_cached_prompts": ("0", "0", POSITIVE),
+    "spec.chain_all_tokens": ("-1", "-1", NON_NEGATIVE),
     "sched.chunk_tokens": ("0", "0", POSITIVE),
     "sched.tier2_workers_frac": ("1.0", "1.0", "a number in [0, 1)"),
     "sched.tier2_max_seqs": ("0", "0", POSITIVE),

@@ -60,3 +60,90 @@ def test_an_empty_draft_stays_empty_and_the_config_can_turn_chains_off():
     assert not empty.token_ids and chain_draft(tree, [7, 8, 9], empty, 8, CFG) is empty
     assert drafter_config(SpecConfig(method="history+group")).chain is True
     assert drafter_config(SpecConfig(method="history+group", chain_drafts=False)).chain is False
+
+
+def full_batch(**kw) -> DrafterConfig:
+    """A drafter that takes every pass as a full one and no request as the step's last
+    (chains only on sure paths)."""
+    return DrafterConfig(max_depth=8, min_path_prob=0.1, max_spec_factor=1.0,
+                         use_global=False, chain_all_tokens=0, chain_longest=0.0, **kw)
+
+
+def test_in_a_full_batch_only_a_request_whose_last_draft_was_accepted_whole_chains():
+    from pipeline.drafting.drafter import GroupDrafter
+    from pipeline.history.store import prompt_hash
+    from pipeline.drafting.inputs import HistoryResponse
+
+    prompt, old = [90, 91, 92, 93], list(range(100, 160))
+    d = GroupDrafter(full_batch())
+    d.set_history(prompt_hash(prompt), [HistoryResponse(old)])
+    d.start("r0", prompt, old[:10])
+    first = d.draft("r0", 24)  # no draft before it: one query, cut by the tree's depth
+    assert first.token_ids == old[10:14]
+    d.append("r0", old[10:15])  # all four accepted, and the target's next token
+    assert d.draft("r0", 24).token_ids == old[15:39]  # a sure path: chained to the cap
+    d.append("r0", old[15:17] + [old[30]])  # two accepted, then the target went elsewhere
+    again = d.draft("r0", 24)
+    assert again.token_ids == old[31:32]  # one query again: a 1-token match drafts 1 token
+    # the same request and context with chains off: never longer
+    off = GroupDrafter(full_batch(chain=False))
+    off.set_history(prompt_hash(prompt), [HistoryResponse(old)])
+    off.start("r0", prompt, old[:10])
+    off.draft("r0", 24)
+    off.append("r0", old[10:15])
+    assert off.draft("r0", 24).token_ids == old[15:19]
+
+
+def test_a_draft_a_budget_trimmed_is_judged_on_what_was_proposed():
+    from pipeline.drafting.drafter import GroupDrafter
+    from pipeline.history.store import prompt_hash
+    from pipeline.drafting.inputs import HistoryResponse
+
+    prompt, old = [90, 91, 92, 93], list(range(100, 160))
+    d = GroupDrafter(full_batch())
+    d.set_history(prompt_hash(prompt), [HistoryResponse(old)])
+    d.start("r0", prompt, old[:10])
+    assert d.draft("r0", 24).token_ids == old[10:14]
+    d.cut("r0", 2)  # the budget proposed two of the four
+    d.append("r0", old[10:13])  # both accepted, and the target's next token
+    assert d.draft("r0", 24).token_ids == old[13:37]  # accepted whole: chained
+
+
+def test_a_thin_pass_chains_every_draft():
+    from pipeline.drafting.drafter import GroupDrafter
+    from pipeline.history.store import prompt_hash
+    from pipeline.drafting.inputs import HistoryResponse
+
+    prompt, old = [90, 91, 92, 93], list(range(100, 160))
+    # one running request asking for 24 tokens: a pass of 25 tokens, at most 25 is thin
+    for limit, chained in ((25, True), (24, False)):
+        d = GroupDrafter(DrafterConfig(max_depth=8, min_path_prob=0.1, max_spec_factor=1.0,
+                                       use_global=False, chain_all_tokens=limit,
+                                       chain_longest=0.0))
+        d.set_history(prompt_hash(prompt), [HistoryResponse(old)])
+        d.start("r0", prompt, old[:10])
+        first = d.draft("r0", 24).token_ids  # no draft before it
+        assert first == (old[10:34] if chained else old[10:14])
+    from pipeline.config.schema import SpecConfig
+    from pipeline.drafting.build import drafter_config
+    spec = SpecConfig(method="history+group", chain_all_tokens=0)
+    assert drafter_config(spec).chain_all_tokens == 0
+
+
+def test_in_a_full_batch_the_requests_predicted_to_end_last_chain_every_draft():
+    from pipeline.drafting.drafter import GroupDrafter
+    from pipeline.history.store import prompt_hash
+    from pipeline.drafting.inputs import HistoryResponse
+
+    short, long_ = [80, 81, 82, 83], [90, 91, 92, 93]
+    old = list(range(100, 160))
+    d = GroupDrafter(DrafterConfig(max_depth=8, min_path_prob=0.1, max_spec_factor=1.0,
+                                   use_global=False, chain_all_tokens=0, chain_longest=0.5))
+    # the same response tokens, but one prompt's history ran 60 tokens, the other's 12
+    d.set_history(prompt_hash(long_), [HistoryResponse(old)])
+    d.set_history(prompt_hash(short), [HistoryResponse(old[:12])])
+    d.start("long", long_, old[:6])
+    d.start("short", short, old[:6])
+    drafts = dict(zip(("long", "short"), d.draft_many(["long", "short"], [24, 24])))
+    assert drafts["long"].token_ids == old[6:30]  # predicted to end last: chained
+    assert drafts["short"].token_ids == old[6:10]  # one query: cut by the tree's depth
