@@ -13,15 +13,11 @@ structure, independent of vLLM (the proposer in `pipeline.rollout.proposer` feed
 - one global tree over all prompts' history (FIFO-capped) and, optionally, all live
   responses (`pipeline.drafting.global_tree`).
 
-`draft` asks each tree for the most frequent continuation of the longest matching suffix,
-cut where the path probability falls below `min_path_prob`, and keeps the best-scoring draft
-(score = expected accepted tokens); ties go to the prompt's own tree. The global tree is
-asked only when the prompt's own trees offer nothing (`global_fallback`, default): at T = 1
-a global draft that outscored the prompt's own displaced better ones (its counts, pooled
-over prompts, look sure for patterns this prompt does not follow). Measured on the sort task
-at T = 1: 820 passes instead of 858, 9 % fewer draft tokens and about 20 % less drafter
-time; at T = 0 the same passes (docs/speculation.md). arctic-inference's cache keeps the
-best of both.
+`draft` asks the trees for the best-scoring continuation of the request's context
+(`pipeline.drafting.query`: which trees, in what order, and where a draft is chained). The
+global tree is asked only when the prompt's own trees offer nothing (`global_fallback`,
+default): at T = 1 a global draft that outscored the prompt's own displaced better ones
+(docs/speculation.md).
 
 Costs. Appending a token to a C++ tree costs microseconds, a whole history hundreds of
 them, and in a full batch the budget grants few drafts. So live tokens wait in Python
@@ -66,7 +62,6 @@ are destroyed in the background too (tens of ms for a large tree).
 from __future__ import annotations
 
 from collections import OrderedDict
-from itertools import repeat
 import time
 from dataclasses import replace
 from typing import Callable, Hashable, Iterable, Mapping, Sequence
@@ -76,11 +71,11 @@ import numpy as np
 from pipeline.history.lengths import LengthEvidence
 from pipeline.history.store import prompt_hash
 from pipeline.drafting.background import OPTIONAL, Background
-from pipeline.drafting.chain import chain_draft
 from pipeline.drafting.global_tree import GlobalTree
 from pipeline.drafting.inputs import DrafterConfig, HistoryResponse, reward_copies
 from pipeline.drafting.live import LiveRequest, LiveSet
-from pipeline.drafting.prompt_state import HistoryEntry, LastDraft, PromptState
+from pipeline.drafting.prompt_state import HistoryEntry, PromptState
+from pipeline.drafting.query import DraftChooser
 from pipeline.drafting.remaining import RemainingTracker
 from pipeline.drafting.stats import DrafterStats, DrafterTimes, source_shares
 from pipeline.drafting.suffix_tree import EMPTY_DRAFT, Draft, SuffixTree
@@ -108,6 +103,7 @@ class GroupDrafter:
         self._wins = {"prompt": 0, "own": 0, "global": 0}
         self.lengths = LengthEvidence()  # the prompts' history and finished siblings' lengths
         self._remaining = RemainingTracker(self.lengths)
+        self._choose = DraftChooser(config, self._global, self._live, self._remaining)
         self._times = DrafterTimes()
         self._bg = Background(config.background)
         self._stale: OrderedDict[str, None] = OrderedDict()  # prompts with ended sequences
@@ -380,11 +376,8 @@ class GroupDrafter:
         t1 = time.perf_counter()
         out = []
         wins, global_tree = self._wins, self._global.tree
-        # a thin pass chains every draft; a full one those of the requests predicted to
-        # end last (the step's critical path) and of requests on a sure path
-        thin = len(live.running) * (1 + max(caps, default=0)) <= cfg.chain_all_tokens
-        longest = self._longest(reqs) if cfg.chain and not thin else repeat(False)
-        for req, cap, last in zip(reqs, caps, longest):
+        choose = self._choose
+        for req, cap, always in zip(reqs, caps, choose.chain_always(reqs, caps, prompts)):
             p = prompts[req.key]
             tree = p.tree
             context = req.context()
@@ -395,8 +388,7 @@ class GroupDrafter:
                 best, source = pre[3], pre[4]  # worked out after the last pass, trees unchanged
                 self.presumed_hits += 1
             else:
-                best, source = self._query(req, p, tree, cap, context,
-                                           thin or last or req.sure())
+                best, source = choose.best(req, p, tree, cap, context, always or req.sure())
             req.sent, req.presumed = (best.token_ids, cap, best.score), None
             if best.token_ids:
                 self._drafts += 1
@@ -407,20 +399,6 @@ class GroupDrafter:
         times.live_in += t1 - t0
         times.queries += time.perf_counter() - t1
         return out
-
-    def _longest(self, reqs: list[LiveRequest]) -> list[bool]:
-        """Which of these requests are predicted to end last: the `chain_longest` share
-        with the longest predicted responses (generated + predicted remaining tokens,
-        `remaining`; ties included)."""
-        n = round(self.config.chain_longest * len(reqs))
-        if n <= 0:
-            return [False] * len(reqs)
-        prompts = self._prompts
-        items = [(r.req_id, r.key, r.end - len(prompts[r.key].prompt_ids)) for r in reqs]
-        totals = [g + m for (_, _, g), (m, _) in
-                  zip(items, self._remaining.estimate_many(items))]
-        cut = sorted(totals)[len(totals) - n]
-        return [t >= cut for t in totals]
 
     def _versions(self, req: LiveRequest, tree: SuffixTree) -> tuple[int, int, int]:
         """What a draft depends on besides context and cap: the versions of its trees."""
@@ -439,44 +417,6 @@ class GroupDrafter:
             req.own.extend(0, req.since(req.own_pos, stop))
             req.own_pos = stop
             req.trim()
-
-    def _query(self, req: LiveRequest, p: PromptState, tree: SuffixTree, max_tokens: int,
-               context: list[int], sure: bool) -> tuple[Draft, str]:
-        """The best-scoring draft of the request's trees for `context`, and the tree that
-        served it. sure: a draft that stops short of its cap is chained
-        (`DrafterConfig.chain`; the caller decides where)."""
-        cfg = self.config
-        chain = cfg.chain and sure
-        memo = cfg.use_siblings and not cfg.global_live  # the trees are all in the key
-        if memo:
-            last, versions = p.last, (tree.version, self._global.tree.version, chain)
-            if last is not None and last.versions == versions \
-                    and last.max_tokens == max_tokens and last.context == context:
-                # a sibling in the same state (GRPO siblings often share their context:
-                # all of them at T = 0, the first tokens at any temperature)
-                return last.draft, last.source
-        args = (context, max_tokens, cfg.min_path_prob, cfg.max_spec_factor,
-                cfg.max_spec_offset)
-        best, source = tree.speculate(*args), "prompt"
-        # A draft scores at most one per token: one of max_tokens tokens all at
-        # probability 1 cannot be beaten (a tree wins only with a higher score).
-        if req.own is not None and best.score < max_tokens:
-            d = req.own.speculate(*args)
-            if d.score > best.score:
-                best, source = d, "own"
-        if cfg.use_global and (not cfg.global_fallback or not best.token_ids):
-            if cfg.global_live:
-                self._global.flush(self._live.take_unsent())
-            if best.score < max_tokens and self._global.num_seqs:
-                d = self._global.speculate(*args)
-                if d.score > best.score:
-                    best, source = d, "global"
-        if chain and best.token_ids and len(best.token_ids) < max_tokens:
-            tree_of = {"prompt": tree, "own": req.own, "global": self._global}
-            best = chain_draft(tree_of[source], context, best, max_tokens, cfg)
-        if memo:
-            p.last = LastDraft(versions, max_tokens, context, best, source)
-        return best, source
 
     # -- background jobs --------------------------------------------------------------
     def _after_pass_steps(self, presume: bool):
@@ -528,7 +468,7 @@ class GroupDrafter:
                 guess = req.own.speculate(context[-GUESS_CONTEXT:], *args)
             if guess.token_ids:
                 context = (context + guess.token_ids)[-req.keep:]  # and the next token
-                best, source = self._query(req, p, tree, cap, context, True)
+                best, source = self._choose.best(req, p, tree, cap, context, True)
                 req.presumed = (cap, self._versions(req, tree), context, best, source)
             yield
 

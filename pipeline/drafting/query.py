@@ -1,0 +1,106 @@
+"""Which draft a running request gets: the trees asked and in what order, the sibling memo,
+and where a draft is chained. Pure logic over `pipeline.drafting.suffix_tree`; the
+drafter (`pipeline.drafting.drafter`) owns the trees and the requests.
+
+`best` asks the prompt's tree first, then the request's own tree (siblings off), then the
+global tree (only when the prompt's trees offer nothing, with `global_fallback`), and
+keeps the best-scoring draft (score = expected accepted tokens; ties go to the prompt's
+own tree). A draft of max_tokens tokens all at probability 1 cannot be beaten, so no
+further tree is asked for it. GRPO siblings often share their context (all of them at
+T = 0, their first tokens at any temperature): a sibling asking with the context, cap and
+tree versions of its prompt's last draft gets that draft without asking the trees.
+
+Where chains pay (`DrafterConfig.chain`, `pipeline.drafting.chain`): a chained draft costs
+more tree queries, on every pass's critical path, and more verified tokens, most of them
+rejected where the path is uncertain. A thin pass (running requests x (1 + cap) at most
+`chain_all_tokens`: memory-bound on a GPU, about the same cost whatever it verifies)
+chains every draft; a fuller one only those of the `chain_longest` share of requests
+predicted to end last (the step's critical path: generated + predicted remaining tokens,
+`pipeline.drafting.remaining`) and of requests whose last draft was accepted whole
+(`LiveRequest.sure`). Measured in docs/speculation.md ("Draft chains").
+"""
+
+from __future__ import annotations
+
+from itertools import repeat
+from typing import Iterable, Mapping
+
+from pipeline.drafting.chain import chain_draft
+from pipeline.drafting.global_tree import GlobalTree
+from pipeline.drafting.inputs import DrafterConfig
+from pipeline.drafting.live import LiveRequest, LiveSet
+from pipeline.drafting.prompt_state import LastDraft, PromptState
+from pipeline.drafting.remaining import RemainingTracker
+from pipeline.drafting.suffix_tree import Draft, SuffixTree
+
+
+class DraftChooser:
+    """The draft of one request from its trees, and which requests of a pass chain."""
+
+    def __init__(self, config: DrafterConfig, global_tree: GlobalTree, live: LiveSet,
+                 remaining: RemainingTracker):
+        self.config = config
+        self._global = global_tree
+        self._live = live
+        self._remaining = remaining
+
+    def chain_always(self, reqs: list[LiveRequest], caps: list[int],
+                     prompts: Mapping[str, PromptState]) -> Iterable[bool]:
+        """Per request of this pass: chain its draft whatever its last draft's fate (a
+        thin pass, or a request predicted to end last)."""
+        cfg = self.config
+        if not cfg.chain:
+            return repeat(False)
+        if len(self._live.running) * (1 + max(caps, default=0)) <= cfg.chain_all_tokens:
+            return repeat(True)
+        return self.longest(reqs, prompts)
+
+    def longest(self, reqs: list[LiveRequest], prompts: Mapping[str, PromptState]) -> list[bool]:
+        """Which of these requests are predicted to end last: the `chain_longest` share
+        with the longest predicted responses (generated + predicted remaining tokens;
+        ties included)."""
+        n = round(self.config.chain_longest * len(reqs))
+        if n <= 0:
+            return [False] * len(reqs)
+        items = [(r.req_id, r.key, r.end - len(prompts[r.key].prompt_ids)) for r in reqs]
+        totals = [g + m for (_, _, g), (m, _) in
+                  zip(items, self._remaining.estimate_many(items))]
+        cut = sorted(totals)[len(totals) - n]
+        return [t >= cut for t in totals]
+
+    def best(self, req: LiveRequest, p: PromptState, tree: SuffixTree, max_tokens: int,
+             context: list[int], chain: bool) -> tuple[Draft, str]:
+        """The best-scoring draft of the request's trees for `context`, and the tree that
+        served it ("prompt", "own" or "global"). chain: a draft that stops short of its
+        cap is chained (with `DrafterConfig.chain`)."""
+        cfg, global_tree = self.config, self._global
+        chain = cfg.chain and chain
+        memo = cfg.use_siblings and not cfg.global_live  # the trees are all in the key
+        if memo:
+            last, versions = p.last, (tree.version, global_tree.tree.version, chain)
+            if last is not None and last.versions == versions \
+                    and last.max_tokens == max_tokens and last.context == context:
+                return last.draft, last.source
+        args = (context, max_tokens, cfg.min_path_prob, cfg.max_spec_factor,
+                cfg.max_spec_offset)
+        best, source = tree.speculate(*args), "prompt"
+        if req.own is not None and best.score < max_tokens:
+            d = req.own.speculate(*args)
+            if d.score > best.score:
+                best, source = d, "own"
+        if cfg.use_global and (not cfg.global_fallback or not best.token_ids):
+            if cfg.global_live:
+                global_tree.flush(self._live.take_unsent())
+            if best.score < max_tokens and global_tree.num_seqs:
+                d = global_tree.speculate(*args)
+                if d.score > best.score:
+                    best, source = d, "global"
+        if chain and best.token_ids and len(best.token_ids) < max_tokens:
+            tree_of = {"prompt": tree, "own": req.own, "global": global_tree}
+            best = chain_draft(tree_of[source], context, best, max_tokens, cfg)
+        if memo:
+            p.last = LastDraft(versions, max_tokens, context, best, source)
+        return best, source
+
+
+__all__ = ["DraftChooser"]
