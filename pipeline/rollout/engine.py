@@ -8,8 +8,10 @@ lets every rank run its own engine (data-parallel rollout).
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from pathlib import Path
 from typing import Iterable, Sequence
 
 import torch
@@ -58,9 +60,10 @@ class RolloutEngine:
                     spec: SpecConfig | None = None) -> "RolloutEngine":
         """The engine a run of `cfg` uses: the one place an engine is built from a config
         (model, spec: instead of the config's own, e.g. a checkpoint or another method)."""
-        return cls(model or cfg.model, cfg.rollout,
-                   cfg.data.max_prompt_length + cfg.rollout.max_tokens, cfg.run.seed,
-                   cfg.spec if spec is None else spec)
+        model, spec = model or cfg.model, cfg.spec if spec is None else spec
+        need = cfg.data.max_prompt_length + cfg.rollout.max_tokens
+        return cls(model, cfg.rollout, engine_model_len(model.path, need, spec), cfg.run.seed,
+                   spec)
 
     def __init__(self, model: ModelConfig, rollout: RolloutConfig, max_model_len: int, seed: int,
                  spec: SpecConfig | None = None):
@@ -306,6 +309,27 @@ class RolloutEngine:
         cache discarded; `update_weights` wakes the engine with the next policy). The state
         is kept on CPU too, where vLLM has no sleep mode, so a wrong order fails there."""
         self.residency.sleep()
+
+
+def engine_model_len(model_path, need: int, spec: SpecConfig | None) -> int:
+    """vLLM's max_model_len for a run whose prompts and responses take `need` tokens.
+
+    Speculating, vLLM's runner skips the proposer for the whole batch in any pass where the
+    longest sequence plus num_speculative_tokens exceeds max_model_len
+    (`_input_fits_in_drafter` in `vllm/v1/worker/gpu_model_runner.py`): no request drafts,
+    and the drafter never sees that pass's tokens. A sequence verifying k drafts is up to
+    need - 1 + k tokens long, so 2k + 1 more tokens keep every pass drafting. Capped by the
+    model's context (`max_position_embeddings`), which vLLM will not exceed."""
+    k = spec.num_speculative_tokens if spec is not None and spec.method != "none" else 0
+    if not k:
+        return need
+    want = need + 2 * k + 1
+    try:
+        with open(Path(model_path) / "config.json") as fh:
+            context = json.load(fh).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        context = None
+    return min(want, max(int(context), need)) if isinstance(context, int) else want
 
 
 def whole_prompt_prefill(max_model_len: int) -> dict:
