@@ -6,7 +6,6 @@ data set or model directory costs a second and writes nothing.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from pipeline.errors import UsageError
 from pipeline.loop import loggers, rundir, tp_groups
 from pipeline.loop.batches import PromptSource
 from pipeline.loop.memory import memory_problems
-from pipeline.policy.checks import check_model_dir, fix_hint
+from pipeline.policy.checks import check_model_dir, fix_hint, model_context
 from pipeline.rollout.versions import check_vllm
 from pipeline.sched.registry import RolloutPlacement
 from pipeline.tasks.chat import PromptEncoder
@@ -145,15 +144,6 @@ def resolve_reward_name(cfg: Config) -> str:
                          "response, answer) -> float")
     resolve_reward(name)
     return name
-
-
-def model_context(model_dir: Path) -> int | None:
-    try:
-        config = json.loads((model_dir / "config.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{model_dir}/config.json cannot be read ({exc}); rebuild the model "
-                         f"directory") from None
-    return config.get("max_position_embeddings")
 
 
 def longest_prompt_tokens(model_dir: Path, prompts, data) -> int:

