@@ -277,6 +277,25 @@ class GroupDrafter:
         self._bg.wait()
         self._live.append_many(req_ids, token_ids)
 
+    def ends(self, req_ids: Sequence[Hashable]) -> list[int]:
+        """Tokens the drafter holds for each request (prompt + output); -1 for one not
+        running."""
+        self._bg.wait()
+        return self._live.ends(req_ids)
+
+    def resync(self, req_id: Hashable, token_ids: Sequence[int]) -> None:
+        """The request's tokens (prompt + output) are `token_ids`, not what the drafter
+        recorded (the engine skipped a pass's update): its output is replaced, as on a
+        resume after preemption, without counting as a finished length."""
+        self._bg.wait()
+        req = self._live.running.get(req_id)
+        if req is None:
+            return
+        prompt_ids = self._prompts[req.key].prompt_ids
+        self._live.withdraw(req_id)
+        self._remaining.forget(req_id)
+        self.start(req_id, prompt_ids, token_ids[len(prompt_ids):])
+
     def finish(self, req_id: Hashable) -> None:
         """The request stopped (finished, aborted or preempted)."""
         self._bg.wait()

@@ -203,6 +203,17 @@ class LiveSet:
                 req.tokens += toks
                 unsent[req] = None
 
+    def ends(self, req_ids: Sequence[Hashable]) -> list[int]:
+        """Tokens so far (prompt + output) of each request; -1 for one not running."""
+        running = self.running
+        return [-1 if r is None else r.base + len(r.tokens) for r in map(running.get, req_ids)]
+
+    def withdraw(self, req_id: Hashable) -> None:
+        """The request leaves the running set but stays in its group, as though preempted:
+        a `start` of the same id replaces it there."""
+        if self.running.pop(req_id, None) is not None:
+            self.version += 1
+
     def take_unsent(self) -> list[LiveRequest]:
         """Requests with tokens the global tree lacks, in order; the queue is emptied."""
         out = list(self._unsent)

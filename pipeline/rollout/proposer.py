@@ -67,6 +67,7 @@ class ProposerStats:
     wait_seconds: float = 0.0  # waiting for the last pass's background work
     update_seconds: float = 0.0  # the pass's tokens recorded, requests started
     budget_seconds: float = 0.0  # draft lengths asked and granted
+    resynced: int = 0  # rows whose tokens were taken again from vLLM's (`_resync`)
     draft_seconds: float = 0.0  # drafts asked of the trees (with any feeding they need)
 
 
@@ -126,6 +127,7 @@ class RhymeProposer:
         if len(req_ids) != rows:
             req_ids = req_ids[:rows]
         lens = list(map(len, sampled_token_ids))
+        self._resync(req_ids, lens, num_tokens_no_spec, token_ids_cpu)
         room = self.max_model_len - 1 - np.asarray(num_tokens_no_spec[:rows])
         room = np.maximum(np.minimum(room, self.max_spec_tokens), 0).tolist()
         if 0 not in lens and all(map(active.__contains__, req_ids)):
@@ -210,6 +212,23 @@ class RhymeProposer:
             cand_ids.append(req_id)
             available.append(room[i])
         return cand_rows, cand_ids, available
+
+    def _resync(self, req_ids, lens, num_tokens_no_spec, token_ids_cpu) -> None:
+        """Running requests whose tokens before this pass are not what the drafter holds
+        get vLLM's. vLLM calls the proposer after a pass only while every sequence fits in
+        the drafter (`_input_fits_in_drafter`): a pass without a call would leave the
+        drafter behind, its drafts rejected at the first token from then on. The draft
+        such a request had out is not observed (its outcome was never reported)."""
+        rows = len(req_ids)
+        ends = np.fromiter(self.drafter.ends(req_ids), dtype=np.int64, count=rows)
+        new = np.fromiter(lens, dtype=np.int64, count=rows)
+        bad = np.flatnonzero((ends + new != np.asarray(num_tokens_no_spec[:rows]))
+                             & (ends >= 0) & (new > 0))
+        for i in bad.tolist():
+            before = int(num_tokens_no_spec[i]) - lens[i]
+            self.drafter.resync(req_ids[i], token_ids_cpu[i, :before].tolist())
+            self._proposed.pop(req_ids[i], None)
+        self.stats.resynced += len(bad)
 
     def _observe(self, req_ids: Sequence[Hashable], lens: Sequence[int]) -> None:
         """Rows of running requests that emitted `lens` tokens: count them, and tell the

@@ -232,6 +232,7 @@ class Drafting:
         new = {k: v - self._sources_seen.get(k, 0) for k, v in now.items()}
         self._sources_seen = now
         out = {"spec_history_prompts": self.drafter.history_prompts(),
-               "spec_drafted_tokens": p.drafted, "spec_accepted_tokens": p.accepted}
+               "spec_drafted_tokens": p.drafted, "spec_accepted_tokens": p.accepted,
+               "spec_resynced_rows": p.resynced}
         out.update({f"spec_source_{k}": v for k, v in source_shares(new).items()})
         return out

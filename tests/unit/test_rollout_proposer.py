@@ -296,3 +296,30 @@ def test_drafts_match_the_recorded_run(method, cost):
 if __name__ == "__main__":
     FIXTURE.parent.mkdir(exist_ok=True)
     FIXTURE.write_text(json.dumps({f"{m}/{c}": simulate(m, c) for m, c in CASES}) + "\n")
+
+
+def test_a_pass_vllm_did_not_report_is_taken_from_its_token_rows():
+    """vLLM skips the proposer for a whole pass when a sequence would not fit the drafter:
+    the next call finds rows longer than the drafter's; it takes vLLM's tokens, keeps the
+    request running (no finished length recorded) and drafts from the right context."""
+    proposer, batch = make()
+    batch.add("r", P)
+    assert step(proposer, batch, {"r": [1]}) == [[2, 3]]
+    batch.emit("r", [2, 3, 4])  # a pass the proposer never saw
+    out = step(proposer, batch, {"r": [5]})
+    drafter = proposer.drafter
+    assert drafter.ends(["r"]) == [len(P) + 5] and proposer.stats.resynced == 1
+    assert out == [[6, 7]]  # from the history, after ...4, 5: not lost at the first token
+    assert drafter.running() == ["r"]
+    assert drafter.lengths.lengths(prompt_hash(P)) == [len(RESPONSE)]  # history only
+    assert step(proposer, batch, {"r": [6, 7, 8]}) and proposer.stats.resynced == 1
+
+
+def test_rows_that_agree_with_the_drafter_are_left_alone():
+    proposer, batch = make(history=False)
+    batch.add("a", P)
+    batch.add("b", P)
+    for t in range(1, 6):
+        step(proposer, batch, {"a": [t], "b": [t]})
+    assert proposer.stats.resynced == 0
+    assert proposer.drafter.ends(["a", "b", "zz"]) == [len(P) + 5, len(P) + 5, -1]
