@@ -47,7 +47,7 @@ from typing import Callable
 import numpy as np
 
 from pipeline.bench import drafter_workload as wl
-from pipeline.bench.drafter_sim import InputBatch, Lane
+from pipeline.bench.drafter_sim import InputBatch, Lane, simulated_runner
 from pipeline.errors import UsageError
 
 Progress = Callable[[str, int], None]  # (what is running, passes just done)
@@ -69,6 +69,16 @@ class Plan:
     @property
     def lanes(self) -> tuple[str, ...]:
         return ("ours", "ours-inline", "suffix") if self.inline else ("ours", "suffix")
+
+    @property
+    def reach(self) -> int:
+        """The most draft tokens a request gets in one pass, on any lane (rhymectl's
+        drafter drafts more than k in thin passes, `pipeline.drafting.pass_caps`)."""
+        from pipeline.config.schema import SpecConfig
+        from pipeline.rollout.speculation import engine_draft_tokens
+
+        return max(self.k, engine_draft_tokens(SpecConfig(method="history+group",
+                                                          num_speculative_tokens=self.k)))
 
     def start_of(self, shape: wl.Shape) -> int:
         return shape.mean_len // 4 if self.start is None else self.start
@@ -160,15 +170,12 @@ def _history_records(work: wl.Workload) -> list[SimpleNamespace]:
 def build_ours(work: wl.Workload, batch: InputBatch, k: int, max_model_len: int,
                start: int, background: bool = True) -> Side:
     from pipeline.config.schema import SpecConfig
-    from pipeline.rollout.proposer import RhymeProposer
     from pipeline.rollout.speculation import Drafting
 
-    config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k),
-                             model_config=SimpleNamespace(max_model_len=max_model_len))
-    runner = SimpleNamespace(input_batch=batch, drafter=RhymeProposer(config))
     spec = SpecConfig(method="history+group", num_speculative_tokens=k,
                       history_epochs=work.shape.history_epochs)
-    drafting = Drafting(runner, spec, background=background)
+    drafting = Drafting(simulated_runner(spec, batch, max_model_len), spec,
+                        background=background)
     drafting.remember(_history_records(work))
     prompts = [p.tolist() for p in work.prompts]
     release_free_heap()
@@ -232,11 +239,11 @@ BUILDERS = {"ours": build_ours,
 def measure_point(plan: Plan, shape: wl.Shape, progress: Progress) -> dict:
     """Every lane on `shape`, `plan.repeats` times; one point of the report."""
     start = plan.start_of(shape)
-    upto = start + (plan.passes + 2) * (plan.k + 1)
+    upto = start + (plan.passes + 2) * (plan.reach + 1)
     progress(f"workload {shape.live} x {shape.mean_len}", 0)
     work = wl.make(shape, upto=upto, min_len=start + 1)
-    width = shape.prompt_len + upto + plan.k + 2
-    max_model_len = shape.prompt_len + shape.max_len + plan.k + 1
+    width = shape.prompt_len + upto + plan.reach + 2
+    max_model_len = shape.prompt_len + shape.max_len + plan.reach + 1
     logs: dict[str, list] = {name: [] for name in plan.lanes}
     parts: dict[str, list] = {name: [] for name in plan.lanes}
     first: dict[str, dict] = {}

@@ -191,4 +191,18 @@ class Lane:
             batch.remove(gone)
 
 
-__all__ = ["InputBatch", "Lane", "PassLog"]
+def simulated_runner(spec, batch: InputBatch | None, max_model_len: int):
+    """What `Drafting` attaches to in place of vLLM's model runner: the input batch and a
+    `RhymeProposer` built as vLLM builds it for `spec` (its engine's draft cap)."""
+    from types import SimpleNamespace
+
+    from pipeline.rollout.proposer import RhymeProposer
+    from pipeline.rollout.speculation import engine_draft_tokens
+
+    config = SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=engine_draft_tokens(spec)),
+        model_config=SimpleNamespace(max_model_len=max_model_len))
+    return SimpleNamespace(input_batch=batch, drafter=RhymeProposer(config))
+
+
+__all__ = ["InputBatch", "Lane", "PassLog", "simulated_runner"]

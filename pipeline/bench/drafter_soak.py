@@ -19,11 +19,10 @@ from __future__ import annotations
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 from pipeline.bench import drafter_workload as wl
 from pipeline.bench.drafter import Plan, Progress, release_free_heap, rss_bytes
-from pipeline.bench.drafter_sim import InputBatch, Lane
+from pipeline.bench.drafter_sim import InputBatch, Lane, simulated_runner
 
 COMMIT_EVERY = 5  # steps between index rebuilds (checkpoints)
 SOAK_PASSES = 20  # at most this many passes a step
@@ -54,15 +53,14 @@ def soak(plan: Plan, steps: int, progress: Progress) -> dict:
     from pipeline.config.schema import SpecConfig
     from pipeline.history import index
     from pipeline.history.store import HistoryStore
-    from pipeline.rollout.proposer import RhymeProposer
     from pipeline.rollout.speculation import Drafting
 
     shape = plan.shapes[-1]
     epochs, passes = shape.history_epochs, min(plan.passes, SOAK_PASSES)
     start = plan.start_of(shape)
-    upto = start + (passes + 2) * (plan.k + 1)
-    width = shape.prompt_len + upto + plan.k + 2
-    max_model_len = shape.prompt_len + shape.max_len + plan.k + 1
+    upto = start + (passes + 2) * (plan.reach + 1)
+    width = shape.prompt_len + upto + plan.reach + 2
+    max_model_len = shape.prompt_len + shape.max_len + plan.reach + 1
     rows = []
     with tempfile.TemporaryDirectory(prefix="rhymectl-soak-") as tmp:
         root = Path(tmp)
@@ -75,12 +73,9 @@ def soak(plan: Plan, steps: int, progress: Progress) -> dict:
                 responses = [[ids for epoch, ids in h if epoch == e] for h in work.history]
                 store.append(e * steps + s, _records(work.prompts, responses, e, e * steps + s))
         index.build(run_dir, model, epochs)
-        config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=plan.k),
-                                 model_config=SimpleNamespace(max_model_len=max_model_len))
-        runner = SimpleNamespace(input_batch=None, drafter=RhymeProposer(config))
-        drafting = Drafting(runner, SpecConfig(method="history+group",
-                                               num_speculative_tokens=plan.k,
-                                               history_epochs=epochs))
+        spec = SpecConfig(method="history+group", num_speculative_tokens=plan.k,
+                          history_epochs=epochs)
+        drafting = Drafting(simulated_runner(spec, None, max_model_len), spec)
         drafting.use_run(run_dir)
         release_free_heap()
         base = rss_bytes()

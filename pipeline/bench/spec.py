@@ -353,6 +353,7 @@ def workload(plan: Plan, work: list[EpochWork], results: dict[str, MethodResult]
         "mean_response_tokens": round(base.generated / max(1, base.requests), 1),
         "temperature": cfg.rollout.temperature, "max_tokens": cfg.rollout.max_tokens,
         "num_speculative_tokens": cfg.spec.num_speculative_tokens,
+        "thin_draft_tokens": cfg.spec.thin_draft_tokens,
         "history_epochs": cfg.spec.history_epochs,
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
         "torch_threads": torch.get_num_threads(),

@@ -120,14 +120,18 @@ class SpecConfig:
     # critical: shorten the step's critical path, per-token acceptance from the trees'
     # path counts, online pass cost. Measured in docs/speculation.md.
     budget: Literal["tree", "critical", "throughput"] = "tree"
-    # rhymectl's drafters: a draft that stops short of its cap where the suffix tree's depth
-    # ends is continued from the tree (more draft tokens, fewer target passes): every
-    # draft while a pass would schedule at most chain_all_tokens tokens (running requests x
-    # (1 + cap); a GPU runs such a pass memory-bound, at about the same cost whatever it
-    # verifies: 296 is the ridge of the H100 7B roofline in pipeline.costs), above that
-    # only those of requests whose last draft was accepted whole
+    # rhymectl's drafters. A pass is thin while it schedules at most thin_pass_tokens
+    # tokens (running requests x (1 + cap)): a GPU runs it memory-bound, at about the same
+    # cost whatever it verifies (296 is the ridge of the H100 7B roofline in
+    # pipeline.costs). In a thin pass a request may draft up to thin_pass_tokens // rows - 1
+    # tokens, between num_speculative_tokens and thin_draft_tokens (the vLLM engine is
+    # built for thin_draft_tokens; 0 or at most num_speculative_tokens: never more), and
+    # every draft that stops short of its cap where the suffix tree's depth ends is
+    # continued from the tree (chain_drafts; in a fuller pass only those of the requests
+    # predicted to end last and of requests whose last draft was accepted whole)
     chain_drafts: bool = True
-    chain_all_tokens: int = non_negative(296)
+    thin_pass_tokens: int = non_negative(296)
+    thin_draft_tokens: int = non_negative(16)
 
     def spec_factor(self) -> float:
         """max_spec_factor as `method` applies it: the number set, else the method's

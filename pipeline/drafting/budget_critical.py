@@ -53,6 +53,7 @@ from pipeline.config.schema import SpecConfig
 from pipeline.costs import PassCost
 from pipeline.drafting.budget_api import Budget, Remaining
 from pipeline.drafting.calibration import Calibrator, conditional
+from pipeline.drafting.pass_caps import PassCaps
 from pipeline.drafting.suffix_tree import Draft
 
 
@@ -121,7 +122,7 @@ class CriticalBudget(Budget):
 
     @classmethod
     def from_spec(cls, spec: SpecConfig) -> CriticalBudget:
-        return cls(CriticalConfig(max_len=spec.num_speculative_tokens))
+        return cls(CriticalConfig(max_len=PassCaps.from_spec(spec).most))
 
     # -- evidence ---------------------------------------------------------------------
     def observe_pass(self, tokens: int, seconds: float) -> None:

@@ -33,6 +33,7 @@ from typing import Hashable, Sequence
 from pipeline.config.schema import SpecConfig
 from pipeline.costs import DRAFT_COST, CostModel
 from pipeline.drafting.budget_api import Budget, Remaining
+from pipeline.drafting.pass_caps import PassCaps
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,9 @@ class ThroughputBudget(Budget):
 
     @classmethod
     def from_spec(cls, spec: SpecConfig) -> ThroughputBudget:
-        """`spec.num_speculative_tokens` caps every request's draft; caps start below."""
-        max_len = spec.num_speculative_tokens
+        """The most tokens a pass may grant (`PassCaps.most`) cap every request's draft;
+        caps start below."""
+        max_len = PassCaps.from_spec(spec).most
         return cls(ThroughputConfig(max_len=max_len, start_len=min(2, max_len), min_len=1))
 
     def ask(self, req_ids: Sequence[Hashable], available: Sequence[int], rows: int,

@@ -1,5 +1,6 @@
 """The `tree` draft budget (`spec.budget: tree`, the default): every request may draft up to
-`max_len` tokens in every pass, whatever the batch and whatever was rejected before; the
+the pass's cap (`pipeline.drafting.pass_caps`: more while the pass is thin, at most
+`max_len`), whatever was rejected before; the
 drafter's own cut (path probability >= min_path_prob, at most the matched length) decides
 each draft's length, as vLLM's SuffixDecoding does. It keeps no state. Pure logic, no vLLM.
 """
@@ -10,6 +11,7 @@ from typing import Hashable, Sequence
 
 from pipeline.config.schema import SpecConfig
 from pipeline.drafting.budget_api import Budget, Remaining
+from pipeline.drafting.pass_caps import PassCaps
 
 
 class TreeBudget(Budget):
@@ -24,7 +26,7 @@ class TreeBudget(Budget):
 
     @classmethod
     def from_spec(cls, spec: SpecConfig) -> TreeBudget:
-        return cls(spec.num_speculative_tokens)
+        return cls(PassCaps.from_spec(spec).most)
 
     def ask(self, req_ids: Sequence[Hashable], available: Sequence[int], rows: int,
             remaining: Remaining) -> list[int]:

@@ -28,7 +28,7 @@ def drafter_config(spec: SpecConfig) -> DrafterConfig:
                                     reward_weighted=spec.reward_weighted,
                                     max_cached_prompts=spec.max_cached_prompts,
                                     chain=spec.chain_drafts,
-                                    chain_all_tokens=spec.chain_all_tokens)
+                                    thin_pass_tokens=spec.thin_pass_tokens)
 
 
 def make_budget(spec: SpecConfig) -> Budget:

@@ -37,7 +37,7 @@ class DrafterConfig:
     with the draft appended to the context (`pipeline.drafting.chain`): one query drafts at
     most max_depth - match_len tokens, which keeps drafts short where history repeats
     itself for longer; measured in docs/speculation.md ("Draft chains"). Every draft is
-    chained while the pass is thin (running requests x (1 + cap) <= chain_all_tokens:
+    chained while the pass is thin (running requests x (1 + cap) <= thin_pass_tokens:
     a GPU pass that costs about the same whatever it verifies); in a fuller pass, those
     of the `chain_longest` share of requests predicted to end last (the step's critical
     path) and of requests whose last draft was accepted whole. Chaining every draft of a
@@ -64,7 +64,7 @@ class DrafterConfig:
     global_live: bool = False
     global_fallback: bool = True
     chain: bool = True
-    chain_all_tokens: int = 296
+    thin_pass_tokens: int = 296
     chain_longest: float = 0.25
     background: bool = True
 

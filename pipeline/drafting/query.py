@@ -13,7 +13,7 @@ tree versions of its prompt's last draft gets that draft without asking the tree
 Where chains pay (`DrafterConfig.chain`, `pipeline.drafting.chain`): a chained draft costs
 more tree queries, on every pass's critical path, and more verified tokens, most of them
 rejected where the path is uncertain. A thin pass (running requests x (1 + cap) at most
-`chain_all_tokens`: memory-bound on a GPU, about the same cost whatever it verifies)
+`thin_pass_tokens`: memory-bound on a GPU, about the same cost whatever it verifies)
 chains every draft; a fuller one only those of the `chain_longest` share of requests
 predicted to end last (the step's critical path: generated + predicted remaining tokens,
 `pipeline.drafting.remaining`) and of requests whose last draft was accepted whole
@@ -51,7 +51,7 @@ class DraftChooser:
         cfg = self.config
         if not cfg.chain:
             return repeat(False)
-        if len(self._live.running) * (1 + max(caps, default=0)) <= cfg.chain_all_tokens:
+        if len(self._live.running) * (1 + max(caps, default=0)) <= cfg.thin_pass_tokens:
             return repeat(True)
         return self.longest(reqs, prompts)
 

@@ -9,18 +9,19 @@ import torch
 from pipeline.config.schema import SpecConfig
 from pipeline.errors import UsageError
 from pipeline.policy.checks import model_context
+from pipeline.rollout.speculation import engine_draft_tokens
 
 
 def engine_model_len(model_path, need: int, spec: SpecConfig | None) -> int:
     """vLLM's max_model_len for a run whose prompts and responses take `need` tokens.
 
     Speculating, vLLM's runner skips the proposer for the whole batch in any pass where the
-    longest sequence plus num_speculative_tokens exceeds max_model_len
+    longest sequence plus num_speculative_tokens (`engine_draft_tokens`) exceeds max_model_len
     (`_input_fits_in_drafter` in `vllm/v1/worker/gpu_model_runner.py`): no request drafts,
     and the drafter never sees that pass's tokens. A sequence verifying k drafts is up to
     need - 1 + k tokens long, so 2k + 1 more tokens keep every pass drafting. Capped by the
     model's context (`max_position_embeddings`), which vLLM will not exceed."""
-    k = spec.num_speculative_tokens if spec is not None and spec.method != "none" else 0
+    k = engine_draft_tokens(spec)
     if not k:
         return need
     want = need + 2 * k + 1

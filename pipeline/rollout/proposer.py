@@ -34,6 +34,7 @@ import numpy as np
 
 from pipeline.drafting.budget_api import Budget
 from pipeline.drafting.drafter import GroupDrafter
+from pipeline.drafting.pass_caps import PassCaps
 from pipeline.rollout.request_id import caller_id
 
 CLASS_PATH = "pipeline.rollout.proposer.RhymeProposer"
@@ -81,6 +82,7 @@ class RhymeProposer:
 
     def __init__(self, vllm_config: Any):
         self.max_spec_tokens = int(vllm_config.speculative_config.num_speculative_tokens)
+        self.caps = PassCaps(self.max_spec_tokens)  # per-pass caps, from `bind`
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self._runner: Any = None
         self._prompt_lens: dict[str, int] = {}  # continued requests: original prompt length
@@ -90,9 +92,16 @@ class RhymeProposer:
         self._proposed: dict[Hashable, int] = {}  # req -> draft tokens handed out last pass
         self.stats = ProposerStats()
 
-    def bind(self, runner: Any, drafter: GroupDrafter,
-             budget: Budget) -> None:
+    def bind(self, runner: Any, drafter: GroupDrafter, budget: Budget,
+             caps: PassCaps | None = None) -> None:
+        """caps: draft tokens per request by pass size (never above the engine's
+        num_speculative_tokens); None: that many in every pass."""
         self._runner, self.drafter, self.budget = runner, drafter, budget
+        if caps is not None:
+            if caps.most > self.max_spec_tokens:
+                raise ValueError(f"draft caps up to {caps.most} tokens, but the engine was "
+                                 f"built for {self.max_spec_tokens}")
+            self.caps = caps
 
     def continues(self, request_id: str, prompt_len: int) -> None:
         """The request `request_id` (as given to vLLM) continues a response: only its first
@@ -129,7 +138,7 @@ class RhymeProposer:
         lens = list(map(len, sampled_token_ids))
         self._resync(req_ids, lens, num_tokens_no_spec, token_ids_cpu)
         room = self.max_model_len - 1 - np.asarray(num_tokens_no_spec[:rows])
-        room = np.maximum(np.minimum(room, self.max_spec_tokens), 0).tolist()
+        room = np.maximum(np.minimum(room, self.caps.cap(rows)), 0).tolist()
         if 0 not in lens and all(map(active.__contains__, req_ids)):
             # A decode pass: every row is a running request that emitted tokens.
             cand_rows, cand_ids, available = None, req_ids, room
@@ -257,8 +266,10 @@ class RhymeProposer:
         self.budget.forget(req_id)
 
 
-def attach(runner: Any, drafter: GroupDrafter, budget: Budget) -> RhymeProposer:
-    """Bind the proposer vLLM built in `runner` (the in-process model runner) to the state.
+def attach(runner: Any, drafter: GroupDrafter, budget: Budget,
+           caps: PassCaps | None = None) -> RhymeProposer:
+    """Bind the proposer vLLM built in `runner` (the in-process model runner) to the state
+    (caps: `RhymeProposer.bind`).
 
     Raises TypeError when the engine was not built with `speculative_config(...)`.
     """
@@ -266,7 +277,7 @@ def attach(runner: Any, drafter: GroupDrafter, budget: Budget) -> RhymeProposer:
     if not isinstance(proposer, RhymeProposer):
         raise TypeError("the vLLM engine has no RhymeProposer; build it with "
                         "speculative_config=pipeline.rollout.proposer.speculative_config(k)")
-    proposer.bind(runner, drafter, budget)
+    proposer.bind(runner, drafter, budget, caps)
     return proposer
 
 

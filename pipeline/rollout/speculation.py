@@ -17,12 +17,25 @@ from pipeline.history.store import prompt_hash
 from pipeline.rollout import cpu_sampler_fix
 
 
+def engine_draft_tokens(spec: SpecConfig | None) -> int:
+    """The most draft tokens one request gets in one pass: vLLM's num_speculative_tokens
+    for the engine (0 without speculation). rhymectl's drafters draft longer in thin
+    passes (`pipeline.drafting.pass_caps`); vLLM's own methods never do."""
+    if spec is None or spec.method == "none":
+        return 0
+    if method(spec.method).drafter:
+        from pipeline.drafting.pass_caps import PassCaps
+
+        return PassCaps.from_spec(spec).most
+    return spec.num_speculative_tokens
+
+
 def llm_kwargs(spec: SpecConfig | None) -> dict:
     """Extra `vllm.LLM` arguments for `spec.method` ({} for none)."""
     if spec is None or spec.method == "none":
         return {}
     cpu_sampler_fix.apply()
-    k = spec.num_speculative_tokens
+    k = engine_draft_tokens(spec)
     served_by = method(spec.method).vllm_method
     if served_by == "ngram":
         return {"speculative_config": {"method": "ngram", "num_speculative_tokens": k,
@@ -116,12 +129,13 @@ class Drafting:
         from pipeline.rollout.proposer import attach
         from pipeline.drafting.build import drafter_config, make_budget
         from pipeline.drafting.drafter import GroupDrafter
+        from pipeline.drafting.pass_caps import PassCaps
         from pipeline.history.window import HistoryWindow
 
         self.spec = spec
         self.drafter = GroupDrafter(replace(drafter_config(spec), background=background))
         self.budget = make_budget(spec)
-        self.proposer = attach(runner, self.drafter, self.budget)
+        self.proposer = attach(runner, self.drafter, self.budget, PassCaps.from_spec(spec))
         self._sources_seen: dict[str, int] = {}  # drafter.sources() at the last stats()
         self.history = HistoryWindow(spec.history_epochs)
         self._loaded: dict[str, list[int]] = {}  # key -> ids: history loaded in the drafter

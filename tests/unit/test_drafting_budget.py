@@ -144,23 +144,24 @@ def test_spec_config_maps_to_drafter_and_budget():
     from pipeline.drafting.build import drafter_config
 
     spec = SpecConfig(method="history+group", num_speculative_tokens=1, min_path_prob=0.3,
-                      reward_weighted=True, max_cached_prompts=7, max_spec_factor=0.5)
+                      reward_weighted=True, max_cached_prompts=7, max_spec_factor=0.5,
+                      thin_draft_tokens=0)
     d = drafter_config(spec)
     assert (d.use_history, d.use_siblings, d.min_path_prob, d.reward_weighted,
             d.max_cached_prompts, d.max_spec_factor) == (True, True, 0.3, True, 7, 0.5)
     b = ThroughputBudget.from_spec(spec).config
     assert (b.max_len, b.start_len, b.min_len) == (1, 1, 1)
     b = ThroughputBudget.from_spec(SpecConfig(num_speculative_tokens=8)).config
-    assert (b.max_len, b.start_len, b.min_len) == (8, 2, 1)
+    assert (b.max_len, b.start_len, b.min_len) == (16, 2, 1)  # thin passes draft up to 16
     with pytest.raises(ValueError, match="expected one of"):
         drafter_config(SpecConfig(method="ngram"))
 
 
 @pytest.mark.parametrize("rows", [1, 128, 1024])
 def test_tree_budget_grants_every_request_its_cap_at_any_batch_size(rows):
-    """The default `tree` budget: each request may draft up to num_speculative_tokens in
-    every pass, however full the batch and whatever was rejected before; the drafter's
-    path-probability cut decides the length."""
+    """The default `tree` budget: each request may draft what the proposer makes available
+    (the pass's cap, `PassCaps`, at most the engine's: thin_draft_tokens) in every pass,
+    whatever was rejected before; the drafter's path-probability cut decides the length."""
     from pipeline.config.schema import SpecConfig
     from pipeline.drafting.build import make_budget
 
@@ -169,8 +170,9 @@ def test_tree_budget_grants_every_request_its_cap_at_any_batch_size(rows):
     b = make_budget(spec)
     ids = list(range(rows))
     available = [8, 3, 0, 20] * (rows // 4) if rows >= 4 else [8]
+    assert b.max_len == 16
     assert b.ask(ids[:len(available)], available, len(available), no_lengths) == \
-        [min(a, 8) for a in available]
+        [min(a, 16) for a in available]
     b.observe(0, 8, 0)  # a fully rejected draft does not shrink the cap
     assert b.ask([0], [8], rows, no_lengths) == [8]
     # the throughput budget, by contrast, grants a full batch little

@@ -66,7 +66,7 @@ def full_batch(**kw) -> DrafterConfig:
     """A drafter that takes every pass as a full one and no request as the step's last
     (chains only on sure paths)."""
     return DrafterConfig(max_depth=8, min_path_prob=0.1, max_spec_factor=1.0,
-                         use_global=False, chain_all_tokens=0, chain_longest=0.0, **kw)
+                         use_global=False, thin_pass_tokens=0, chain_longest=0.0, **kw)
 
 
 def test_in_a_full_batch_only_a_request_whose_last_draft_was_accepted_whole_chains():
@@ -118,7 +118,7 @@ def test_a_thin_pass_chains_every_draft():
     # one running request asking for 24 tokens: a pass of 25 tokens, at most 25 is thin
     for limit, chained in ((25, True), (24, False)):
         d = GroupDrafter(DrafterConfig(max_depth=8, min_path_prob=0.1, max_spec_factor=1.0,
-                                       use_global=False, chain_all_tokens=limit,
+                                       use_global=False, thin_pass_tokens=limit,
                                        chain_longest=0.0))
         d.set_history(prompt_hash(prompt), [HistoryResponse(old)])
         d.start("r0", prompt, old[:10])
@@ -126,8 +126,8 @@ def test_a_thin_pass_chains_every_draft():
         assert first == (old[10:34] if chained else old[10:14])
     from pipeline.config.schema import SpecConfig
     from pipeline.drafting.build import drafter_config
-    spec = SpecConfig(method="history+group", chain_all_tokens=0)
-    assert drafter_config(spec).chain_all_tokens == 0
+    spec = SpecConfig(method="history+group", thin_pass_tokens=0)
+    assert drafter_config(spec).thin_pass_tokens == 0
 
 
 def test_in_a_full_batch_the_requests_predicted_to_end_last_chain_every_draft():
@@ -138,7 +138,7 @@ def test_in_a_full_batch_the_requests_predicted_to_end_last_chain_every_draft():
     short, long_ = [80, 81, 82, 83], [90, 91, 92, 93]
     old = list(range(100, 160))
     d = GroupDrafter(DrafterConfig(max_depth=8, min_path_prob=0.1, max_spec_factor=1.0,
-                                   use_global=False, chain_all_tokens=0, chain_longest=0.5))
+                                   use_global=False, thin_pass_tokens=0, chain_longest=0.5))
     # the same response tokens, but one prompt's history ran 60 tokens, the other's 12
     d.set_history(prompt_hash(long_), [HistoryResponse(old)])
     d.set_history(prompt_hash(short), [HistoryResponse(old[:12])])

@@ -113,8 +113,10 @@ def test_index_fetch_reads_only_the_row_groups_of_the_keys(tmp_path, model_dir, 
 class _Runner:
     def __init__(self):
         from pipeline.rollout.proposer import RhymeProposer
+        from pipeline.rollout.speculation import engine_draft_tokens
 
-        config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4),
+        k = engine_draft_tokens(SpecConfig(method="history+group"))  # as vLLM is built
+        config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k),
                                  model_config=SimpleNamespace(max_model_len=64))
         self.drafter = RhymeProposer(config)
         self.input_batch = None

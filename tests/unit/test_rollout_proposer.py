@@ -323,3 +323,30 @@ def test_rows_that_agree_with_the_drafter_are_left_alone():
         step(proposer, batch, {"a": [t], "b": [t]})
     assert proposer.stats.resynced == 0
     assert proposer.drafter.ends(["a", "b", "zz"]) == [len(P) + 5, len(P) + 5, -1]
+
+
+def test_a_thin_pass_drafts_longer_than_a_full_one():
+    """PassCaps(8, 16, 296): one running request may draft 16 tokens, 40 of them 8 each
+    (296 // 40 - 1 = 6, never below the full pass's 8)."""
+    from pipeline.drafting.budget_tree import TreeBudget
+    from pipeline.drafting.pass_caps import PassCaps
+
+    long_response = list(range(100, 140))
+    cfg = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=16),
+                          model_config=SimpleNamespace(max_model_len=128))
+    out = {}
+    for rows in (1, 40):
+        proposer = RhymeProposer(cfg)
+        batch = FakeBatch(128, rows=rows)
+        drafter = GroupDrafter(DrafterConfig(max_spec_factor=8.0))
+        drafter.set_history(prompt_hash(P), [HistoryResponse(long_response)])
+        attach(SimpleNamespace(input_batch=batch, drafter=proposer), drafter, TreeBudget(16),
+               PassCaps(8, 16, 296))
+        for i in range(rows):
+            batch.add(f"r{i}", P)
+        step(proposer, batch, {f"r{i}": [100] for i in range(rows)})
+        drafts = step(proposer, batch, {f"r{i}": [101] for i in range(rows)})
+        out[rows] = {len(d) for d in drafts}
+    assert out == {1: {16}, 40: {8}}
+    with pytest.raises(ValueError, match="built for 16"):
+        RhymeProposer(cfg).bind(None, None, None, PassCaps(8, 32, 296))

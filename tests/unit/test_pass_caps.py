@@ -1,0 +1,40 @@
+"""Draft caps by pass size: longer drafts while a pass is thin (memory-bound on a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.config.schema import SpecConfig
+from pipeline.drafting.pass_caps import PassCaps
+from pipeline.rollout.engine_args import engine_model_len
+from pipeline.rollout.speculation import engine_draft_tokens
+
+
+@pytest.mark.parametrize("rows, cap", [(1, 16), (17, 16), (18, 15), (24, 11), (32, 8),
+                                       (33, 8), (512, 8), (0, 8)])
+def test_a_pass_of_rows_sequences_drafts_up_to_its_token_budget(rows, cap):
+    caps = PassCaps(dense=8, thin=16, pass_tokens=296)
+    assert caps.cap(rows) == cap
+    if 8 < cap < 16:
+        assert rows * (1 + cap) <= 296 < rows * (2 + cap)  # the most that fits, no more
+
+
+def test_thin_caps_off_leave_every_pass_at_the_dense_cap():
+    for caps in (PassCaps(8), PassCaps(8, 0, 296), PassCaps(8, 8, 10_000), PassCaps(8, 4, 296)):
+        assert [caps.cap(r) for r in (1, 4, 300)] == [8, 8, 8] and caps.most == 8
+    assert PassCaps(8, 16, 0).cap(1) == 8  # no pass is thin
+
+
+def test_the_engine_is_built_for_the_longest_draft_its_method_makes():
+    assert engine_draft_tokens(SpecConfig(method="history+group")) == 16
+    assert engine_draft_tokens(SpecConfig(method="history", thin_draft_tokens=0)) == 8
+    assert engine_draft_tokens(SpecConfig(method="group", num_speculative_tokens=24)) == 24
+    assert engine_draft_tokens(SpecConfig(method="suffix")) == 8  # vLLM's own: never more
+    assert engine_draft_tokens(SpecConfig(method="none")) == 0
+    assert engine_draft_tokens(None) == 0
+
+
+def test_the_engine_leaves_room_for_the_longest_draft(tmp_path):
+    need = 192
+    assert engine_model_len(tmp_path, need, SpecConfig(method="history+group")) == need + 33
+    assert engine_model_len(tmp_path, need, SpecConfig(method="suffix")) == need + 17
