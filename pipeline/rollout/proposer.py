@@ -69,6 +69,7 @@ class ProposerStats:
     update_seconds: float = 0.0  # the pass's tokens recorded, requests started
     budget_seconds: float = 0.0  # draft lengths asked and granted
     resynced: int = 0  # rows whose tokens were taken again from vLLM's (`_resync`)
+    longest: int = 0  # the longest draft proposed
     draft_seconds: float = 0.0  # drafts asked of the trees (with any feeding they need)
 
 
@@ -167,6 +168,8 @@ class RhymeProposer:
                     proposed[req_ids[i]] = k
                     drafted += k
         granted = time.perf_counter()
+        if drafted and drafted > stats.longest:
+            stats.longest = max(stats.longest, max(map(len, out)))
         if len(active) > rows or cand_rows is not None:
             seen = set(req_ids)
             for req_id in [r for r in active if r not in seen]:

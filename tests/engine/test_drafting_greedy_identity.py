@@ -69,12 +69,16 @@ def run_greedy_identity(model_dir, budget: str = "tree", prompts=None) -> dict:
     from pipeline.drafting.budget_tree import TreeBudget
     from pipeline.drafting.drafter import GroupDrafter
     from pipeline.drafting.inputs import DrafterConfig, HistoryResponse
+    from pipeline.drafting.pass_caps import PassCaps
 
     cpu_sampler_fix.apply()
     prompts = prompts or sort_prompts(model_dir)
     plain = _greedy(_llm(model_dir), prompts)
 
-    llm = _llm(model_dir, speculative_config=speculative_config(8))
+    # tree, the default: as shipped, drafts of up to 16 tokens in thin passes (all of
+    # these: 16 sequences), 8 in full ones (`PassCaps`)
+    caps = PassCaps(8, 16, 296) if budget == "tree" else PassCaps(8)
+    llm = _llm(model_dir, speculative_config=speculative_config(caps.most))
     runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
     # drafts up to the matched length (vLLM's factor), as these checks were measured with
     drafter = GroupDrafter(DrafterConfig.for_method("history+group", max_spec_factor=1.0))
@@ -90,10 +94,10 @@ def run_greedy_identity(model_dir, budget: str = "tree", prompts=None) -> dict:
         meter.listener = lambda tokens, s, prefill: prefill or drafts.observe_pass(
             tokens, DRAFT_COST.pass_seconds(tokens))
     elif budget == "tree":
-        drafts = TreeBudget(8)
+        drafts = TreeBudget(caps.most)
     else:
         drafts = ThroughputBudget(ThroughputConfig(max_len=8))
-    proposer = attach(runner, drafter, drafts)
+    proposer = attach(runner, drafter, drafts, caps)
     rounds = []
     for _ in range(2):  # cold (siblings and self only), then with the first round as history
         meter.start()
@@ -120,6 +124,8 @@ def test_greedy_output_is_identical_with_history_and_sibling_drafts(tiny_model, 
     warm_tau, cold_tau = (tau(s.emitted, s.seq_passes) for s in (warm_stats, cold_stats))
     assert warm_stats.accepted > 0 and warm_tau > max(1.5, cold_tau)
     assert warm_stats.passes < cold_stats.passes
+    if budget == "tree":
+        assert warm_stats.longest > 8  # thin passes drafted longer than a full one may
     # the engine-side meter (used by `bench spec` for every method) agrees with the proposer
     # on the decode passes per sequence; it counts only tokens that reach the output (the
     # proposer also sees tokens sampled past a stop in a request's last pass) and only
