@@ -43,9 +43,8 @@ drafts instead of 39 %. A finished sibling enters in full.
 
 Live responses stay in their prompt's tree until the whole group has finished (a finished
 sibling still predicts the stragglers), then they are dropped: after the step the loop
-feeds them back as history through `set_history`. Trees of prompts with no request in the
-current group are kept in LRU order up to `max_cached_prompts` and then freed; their
-history stays in compact form (int32 arrays) and the tree is rebuilt on its next draft.
+feeds them back as history through `set_history`. The prompts held, their history, their
+trees (LRU-capped) and the global tree are `pipeline.drafting.prompt_table`'s.
 
 Off the critical path. vLLM calls the proposer between two target passes, the GPU idle;
 what only the next pass's drafts need can run while the GPU computes it
@@ -55,36 +54,29 @@ running members enter their trees up to their end — at the next call that is e
 held-back part, so the drafts' own feeding finds nothing left to do — and a few ended
 sequences leave the trees (`JANITOR_TOKENS` a pass: an ended group's prompt no longer
 drafts, so its sequences may go slowly; a new request of that prompt removes the rest
-first). `prepare` builds the next step's trees ahead and frees the others'. Freed trees
-are destroyed in the background too (tens of ms for a large tree).
+first); with `presume`, the next drafts are worked out ahead (`DraftChooser.presume_steps`).
+`prepare` builds the next step's trees ahead and frees the others'. Freed trees are
+destroyed in the background too (tens of ms for a large tree).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 import time
 from dataclasses import replace
-from typing import Callable, Hashable, Iterable, Mapping, Sequence
-
-import numpy as np
+from typing import Hashable, Iterable, Sequence
 
 from pipeline.history.lengths import LengthEvidence
 from pipeline.history.store import prompt_hash
 from pipeline.drafting.background import OPTIONAL, Background
-from pipeline.drafting.global_tree import GlobalTree
-from pipeline.drafting.inputs import DrafterConfig, HistoryResponse, reward_copies
+from pipeline.drafting.inputs import DrafterConfig, HistoryResponse
 from pipeline.drafting.live import LiveRequest, LiveSet
-from pipeline.drafting.prompt_state import HistoryEntry, PromptState
+from pipeline.drafting.prompt_table import HistoryLookup, PromptTable
 from pipeline.drafting.query import DraftChooser
 from pipeline.drafting.remaining import RemainingTracker
 from pipeline.drafting.stats import DrafterStats, DrafterTimes, source_shares
 from pipeline.drafting.suffix_tree import EMPTY_DRAFT, Draft, SuffixTree
 
 JANITOR_TOKENS = 16384  # ended-sequence tokens removed per pass, off the critical path
-# Context tokens the presumed next token is guessed from: a guess is only checked, never
-# drafted, and the tree's match loop costs the square of the context's length.
-GUESS_CONTEXT = 8
-HistoryLookup = Callable[[list[str]], Mapping[str, Sequence[HistoryResponse]]]
 
 
 class GroupDrafter:
@@ -92,22 +84,19 @@ class GroupDrafter:
 
     def __init__(self, config: DrafterConfig = DrafterConfig()):
         self.config = config
-        self._prompts: dict[str, PromptState] = {}
-        self._trees: OrderedDict[str, None] = OrderedDict()  # prompts with a tree, LRU first
         self._live = LiveSet(config.max_depth, config.use_siblings,
                              config.use_global and config.global_live)
-        self._global = GlobalTree(config.max_depth, config.max_global_responses,
-                                  config.max_global_tokens)
         self._drafts = 0
         self._drafted_tokens = 0
         self._wins = {"prompt": 0, "own": 0, "global": 0}
         self.lengths = LengthEvidence()  # the prompts' history and finished siblings' lengths
+        self._times = DrafterTimes()
+        self._table = PromptTable(config, self._live, self.lengths, self._times)
+        self._prompts = self._table.prompts  # the same dict: read on every draft
+        self._global = self._table.global_tree
         self._remaining = RemainingTracker(self.lengths)
         self._choose = DraftChooser(config, self._global, self._live, self._remaining)
-        self._times = DrafterTimes()
         self._bg = Background(config.background)
-        self._stale: OrderedDict[str, None] = OrderedDict()  # prompts with ended sequences
-        self._graveyard: list[SuffixTree] = []  # freed trees, destroyed off the critical path
         self.presumed_hits = 0  # drafts served from `after_pass(presume=True)`'s work
 
     # -- history ----------------------------------------------------------------------
@@ -118,49 +107,8 @@ class GroupDrafter:
         others are removed or inserted.
         """
         self._bg.wait()
-        for _ in self._history_steps(key, responses):
+        for _ in self._table.history_steps(key, responses):
             pass
-
-    def _history_steps(self, key: str, responses: Sequence[HistoryResponse]):
-        # Lengths are evidence for the budget whether or not the tokens are drafted from.
-        per_epoch: dict[int, list[int]] = {}
-        for r in responses:
-            per_epoch.setdefault(r.epoch, []).append(len(r.token_ids))
-        self.lengths.set_history(key, per_epoch)
-        if not self.config.use_history:
-            return
-        p = self._prompt(key)
-        copies = reward_copies(responses, self.config)
-        old: dict[tuple[bytes, int], list[HistoryEntry]] = {}
-        for h in p.history:
-            old.setdefault((h.tokens.tobytes(), h.copies), []).append(h)
-        history, new = [], set()
-        for r, c in zip(responses, copies):
-            tokens = np.asarray(r.token_ids, dtype=np.int32)
-            kept = old.get((tokens.tobytes(), c))
-            if kept:
-                history.append(kept.pop())
-            else:
-                history.append(HistoryEntry(tokens, c))
-                new.add(id(history[-1]))
-        # the newest responses enter the global tree, up to the prompt's quota of tokens
-        quota, to_global = self.config.global_tokens_per_prompt, set()
-        for h in reversed(history):
-            if h.global_seqs or (id(h) in new and len(h.tokens) <= quota):
-                quota -= len(h.tokens)
-                to_global.add(id(h))
-        for h in history:
-            if id(h) not in new:
-                continue  # held already
-            if p.tree is not None:
-                yield from p.insert_steps(h)
-            if self.config.use_global and id(h) in to_global:
-                yield from self._global.add_history_steps(h.tokens, h.copies, h.global_seqs)
-        for stale in old.values():  # (after the inserts, as the recorded runs did)
-            for h in stale:
-                self._remove_history(p, h)
-        p.history = history
-        self._global.cap()
 
     def prepare(self, prompts: Sequence[Sequence[int]], history: HistoryLookup,
                 keep: Iterable[str] = ()) -> None:
@@ -172,52 +120,17 @@ class GroupDrafter:
         self._bg.wait()
         keys = [prompt_hash(ids) for ids in prompts]
         for key, ids in zip(keys, prompts):
-            p = self._prompt(key)
+            p = self._table.get(key)
             if p.prompt_ids is None:
                 p.prompt_ids = [int(t) for t in ids]
         retained = set(keys) | set(keep)
-        self._bg.submit(lambda: self._prepare_steps(list(dict.fromkeys(keys)), retained, history))
-
-    def _prepare_steps(self, keys: list[str], retained: set[str], history: HistoryLookup):
-        yield from self._retain_steps(retained)
-        found = history(keys) if keys else {}
-        yield
-        depth = self.config.max_depth
-        for key in keys:
-            if key in found:
-                yield from self._history_steps(key, found[key])
-            p = self._prompts[key]
-            if p.tree is None and self.config.use_history:
-                yield from p.build_steps(depth)
-                self._trees[key] = None
-        self._evict()
-        yield from self._bury()
-
-    def _retain_steps(self, keep: set[str]):
-        """Free every prompt but `keep` and those with live requests: its tree, and its
-        history but the responses the global tree holds (bounded by that tree's cap;
-        kept so that the prompt's next load finds them there, not twice)."""
-        for key in [k for k in self._prompts if k not in keep and not self._live.members(k)]:
-            p = self._prompts[key]
-            self._trees.pop(key, None)
-            self._stale.pop(key, None)
-            tree = p.free_tree()
-            p.history = [h for h in p.history if h.global_seqs]
-            p.parked = True
-            if not p.history:
-                del self._prompts[key]
-            yield
-            del tree  # destroyed here, in this (background) step
-            yield
-        for key in keep:
-            p = self._prompts.get(key)
-            if p is not None:
-                p.parked = False
+        self._bg.submit(lambda: self._table.prepare_steps(list(dict.fromkeys(keys)), retained,
+                                                          history))
 
     def history_prompts(self) -> int:
         """Prompts the drafter holds history for (freed ones excepted)."""
         self._bg.wait()
-        return sum(1 for p in self._prompts.values() if p.history and not p.parked)
+        return self._table.history_prompts()
 
     def held_prompts(self) -> list[str]:
         """Keys of the prompts the drafter holds state for."""
@@ -233,7 +146,7 @@ class GroupDrafter:
         """
         self._bg.wait()
         key = prompt_hash(prompt_ids)
-        self._prompt(key)
+        self._table.get(key)
         self._live.expect(key, n)
 
     def start(self, req_id: Hashable, prompt_ids: Sequence[int],
@@ -246,17 +159,18 @@ class GroupDrafter:
         if req_id in self._live.running:
             raise ValueError(f"request {req_id!r} is already running")
         key = prompt_hash(prompt_ids)
-        p = self._prompt(key)
+        table = self._table
+        p = table.get(key)
         if p.prompt_ids is None:
             p.prompt_ids = [int(t) for t in prompt_ids]
         if p.stale:  # a new group: the last one's sequences leave first
-            self._remove_stale(p)
+            table.remove_stale(p)
         _, replaced = self._live.start(req_id, key, p.prompt_ids,
                                        [int(t) for t in output_ids])
         for old in replaced:  # resumed after preemption
-            self._drop_sequences(p, old)
+            table.drop_sequences(p, old)
         if p.tree is not None:
-            self._trees.move_to_end(key)
+            table.trees.move_to_end(key)
         return key
 
     def append(self, req_id: Hashable, token_ids: Sequence[int]) -> None:
@@ -304,7 +218,7 @@ class GroupDrafter:
             # (a preempted request counts as finished here: rare, and only a length sample)
             self.lengths.finished(req.key, req.end - len(self._prompts[req.key].prompt_ids))
             self._remaining.forget(req_id)
-            self._end_group(req.key, self._live.finish(req_id))
+            self._table.end_group(req.key, self._live.finish(req_id))
 
     def end_step(self) -> None:
         """Drop every live response (the step is over; history comes back via set_history).
@@ -314,9 +228,9 @@ class GroupDrafter:
             self.finish(req_id)
         for key in self._prompts:
             if self._live.members(key):
-                self._end_group(key, self._live.end_group(key))
-        self._evict()
-        self._bg.submit(self._cleanup_steps)
+                self._table.end_group(key, self._live.end_group(key))
+        self._table.evict()
+        self._bg.submit(self._table.cleanup_steps)
 
     def remaining(self, req_ids: Sequence[Hashable]) -> list[tuple[float, float]]:
         """(mean, std) predicted remaining output tokens of each running request, from
@@ -387,7 +301,7 @@ class GroupDrafter:
         for req in reqs:
             p = prompts[req.key]
             if p.tree is None:
-                self._prompt_tree(p)
+                self._table.tree_of(p)
             if p.fed != version:
                 p.feed(live.members(p.key), version)
             if not cfg.use_siblings:
@@ -419,11 +333,6 @@ class GroupDrafter:
         times.queries += time.perf_counter() - t1
         return out
 
-    def _versions(self, req: LiveRequest, tree: SuffixTree) -> tuple[int, int, int]:
-        """What a draft depends on besides context and cap: the versions of its trees."""
-        return (tree.version, self._global.tree.version,
-                -1 if req.own is None else req.own.version)
-
     def _feed_own(self, req: LiveRequest, to_end: bool = False) -> None:
         """Siblings off: the request's own tree (made on its first draft) gets its tokens
         up to its previous pass (to its end with to_end, after a pass)."""
@@ -453,73 +362,22 @@ class GroupDrafter:
         if self.config.global_live:
             self._global.flush(live.take_unsent())
             yield
-        budget = JANITOR_TOKENS
-        while self._stale and budget > 0:
-            p = prompts.get(next(iter(self._stale)))
-            t0 = time.perf_counter()
-            budget -= p.remove_stale(limit=1) if p is not None else 0
-            self._times.group_ends += time.perf_counter() - t0
-            if p is None or not p.stale:
-                self._stale.popitem(last=False)
-            yield
-        yield from self._bury()
+        yield from self._table.janitor_steps(JANITOR_TOKENS)
+        yield from self._table.bury()
         if presume:
             yield OPTIONAL
-            yield from self._presume_steps()
-
-    def _presume_steps(self):
-        """`after_pass`'s presumed drafts, one request a step, the surest drafts first
-        (the ones most likely accepted whole, and asked of long matches: the costliest
-        queries); requests that got no draft last."""
-        cfg, prompts = self.config, self._prompts
-        args = (1, 0.0, cfg.max_spec_factor, cfg.max_spec_offset)
-        order = sorted((r for r in self._live.running.values() if r.sent is not None),
-                       key=lambda r: -r.sent[2])
-        for req in order:
-            tokens, cap, _ = req.sent
-            p = prompts[req.key]
-            tree = p.tree
-            if tree is None:
-                continue
-            context = req.tokens[-req.keep:] + tokens  # all of the draft accepted
-            guess = tree.speculate(context[-GUESS_CONTEXT:], *args)
-            if not guess.token_ids and req.own is not None:
-                guess = req.own.speculate(context[-GUESS_CONTEXT:], *args)
-            if guess.token_ids:
-                context = (context + guess.token_ids)[-req.keep:]  # and the next token
-                best, source = self._choose.best(req, p, tree, cap, context, True)
-                req.presumed = (cap, self._versions(req, tree), context, best, source)
-            yield
-
-    def _cleanup_steps(self):
-        """Every ended sequence out, every freed tree destroyed (after a step)."""
-        while self._stale:
-            key, _ = self._stale.popitem(last=False)
-            p = self._prompts.get(key)
-            while p is not None and p.stale:
-                t0 = time.perf_counter()
-                p.remove_stale(limit=1)
-                self._times.group_ends += time.perf_counter() - t0
-                yield
-        yield from self._bury()
-
-    def _bury(self):
-        while self._graveyard:
-            tree = self._graveyard.pop()
-            del tree  # the C++ tree is destroyed here
-            yield
+            yield from self._choose.presume_steps(live.running.values(), prompts)
 
     # -- stats ------------------------------------------------------------------------
     def stats(self) -> DrafterStats:
         self._bg.wait()
-        trees = [self._prompts[k].tree for k in self._trees]
-        trees += [r.own for r in self._live.running.values() if r.own is not None]
+        own = [r.own for r in self._live.running.values() if r.own is not None]
         hist = [h.tokens for p in self._prompts.values() for h in p.history]
         return DrafterStats(
             prompts=sum(1 for p in self._prompts.values() if p.history),
-            trees=len(self._trees), live_requests=len(self._live.running),
+            trees=len(self._table.trees), live_requests=len(self._live.running),
             history_responses=len(hist), history_tokens=int(sum(len(h) for h in hist)),
-            tree_bytes=sum(t.memory_bytes() for t in trees) + self._global.memory_bytes(),
+            tree_bytes=self._table.memory_bytes(own),
             drafts=self._drafts, drafted_tokens=self._drafted_tokens, wins=dict(self._wins))
 
     def times(self) -> DrafterTimes:
@@ -552,70 +410,6 @@ class GroupDrafter:
         """Drafts each tree has served so far: prompt, own, global."""
         return dict(self._wins)
 
-    # -- internals --------------------------------------------------------------------
-    def _prompt(self, key: str) -> PromptState:
-        p = self._prompts.get(key)
-        if p is None:
-            p = self._prompts[key] = PromptState(key)
-        return p
-
-    def _prompt_tree(self, p: PromptState) -> SuffixTree:
-        if p.tree is None:
-            p.build_tree(self.config.max_depth)
-            self._trees[p.key] = None
-            self._evict()
-        self._trees.move_to_end(p.key)
-        return p.tree
-
-    def _remove_history(self, p: PromptState, h: HistoryEntry) -> None:
-        p.remove(h)
-        self._global.remove(h.global_seqs)
-        h.global_seqs = []
-
-    def _drop_sequences(self, p: PromptState, m: LiveRequest) -> None:
-        """A request that left its group: its live sequences leave the trees."""
-        if m.local_seq is not None and p.tree is not None:
-            p.tree.remove(m.local_seq)
-        if m.global_seq is not None:
-            self._global.remove((m.global_seq,))
-
-    def _remove_stale(self, p: PromptState) -> None:
-        t0 = time.perf_counter()
-        p.remove_stale()
-        self._stale.pop(p.key, None)
-        self._times.group_ends += time.perf_counter() - t0
-
-    def _end_group(self, key: str, members: list[LiveRequest]) -> None:
-        """The group's live sequences are marked stale: they leave the prompt tree in the
-        background (no request of the prompt drafts until a new one starts, which removes
-        them first). Their global sequences (global_live) go at once: other prompts draft
-        from that tree."""
-        if members:
-            self.lengths.end_group(key)
-        t0 = time.perf_counter()
-        p = self._prompts[key]
-        for m in members:
-            if m.local_seq is not None and p.tree is not None:
-                p.stale.append(m.local_seq)
-            if m.global_seq is not None:
-                self._global.remove((m.global_seq,))
-        if p.stale:
-            self._stale[key] = None
-        self._times.group_ends += time.perf_counter() - t0
-
-    def _evict(self) -> None:
-        """Free LRU trees beyond the cap; prompts with requests in their group stay."""
-        excess = len(self._trees) - self.config.max_cached_prompts
-        for key in list(self._trees):
-            if excess <= 0:
-                break
-            p = self._prompts[key]
-            if self._live.members(key):
-                continue
-            self._stale.pop(key, None)
-            self._graveyard.append(p.free_tree())
-            del self._trees[key]
-            excess -= 1
 
 
 __all__ = ["DrafterStats", "DrafterTimes", "GroupDrafter", "source_shares"]

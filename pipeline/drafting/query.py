@@ -25,6 +25,10 @@ from __future__ import annotations
 from itertools import repeat
 from typing import Iterable, Mapping
 
+# Context tokens the presumed next token is guessed from: a guess is only checked, never
+# drafted, and the tree's match loop costs the square of the context's length.
+GUESS_CONTEXT = 8
+
 from pipeline.drafting.chain import chain_draft
 from pipeline.drafting.global_tree import GlobalTree
 from pipeline.drafting.inputs import DrafterConfig
@@ -103,4 +107,35 @@ class DraftChooser:
         return best, source
 
 
-__all__ = ["DraftChooser"]
+    def versions(self, req: LiveRequest, tree: SuffixTree) -> tuple[int, int, int]:
+        """What a draft depends on besides context and cap: the versions of its trees."""
+        return (tree.version, self._global.tree.version,
+                -1 if req.own is None else req.own.version)
+
+    def presume_steps(self, running: Iterable[LiveRequest], prompts: Mapping[str, PromptState]):
+        """Each running request's next draft worked out for the outcome its trees expect —
+        its last draft accepted whole, then their most likely next token — at the same
+        cap (`GroupDrafter.after_pass(presume=True)`), one request a step, the surest
+        drafts first (the ones most likely accepted whole, and asked of long matches: the
+        costliest queries); requests that got no draft last. Kept in `req.presumed`."""
+        cfg = self.config
+        args = (1, 0.0, cfg.max_spec_factor, cfg.max_spec_offset)
+        order = sorted((r for r in running if r.sent is not None), key=lambda r: -r.sent[2])
+        for req in order:
+            tokens, cap, _ = req.sent
+            p = prompts[req.key]
+            tree = p.tree
+            if tree is None:
+                continue
+            context = req.tokens[-req.keep:] + tokens  # all of the draft accepted
+            guess = tree.speculate(context[-GUESS_CONTEXT:], *args)
+            if not guess.token_ids and req.own is not None:
+                guess = req.own.speculate(context[-GUESS_CONTEXT:], *args)
+            if guess.token_ids:
+                context = (context + guess.token_ids)[-req.keep:]  # and the next token
+                best, source = self.best(req, p, tree, cap, context, True)
+                req.presumed = (cap, self.versions(req, tree), context, best, source)
+            yield
+
+
+__all__ = ["DraftChooser", "GUESS_CONTEXT"]

@@ -167,9 +167,9 @@ class RhymeProposer:
                     out[i] = drafts[j].token_ids[:k]
                     proposed[req_ids[i]] = k
                     drafted += k
+                    if k > stats.longest:
+                        stats.longest = k
         granted = time.perf_counter()
-        if drafted and drafted > stats.longest:
-            stats.longest = max(stats.longest, max(map(len, out)))
         if len(active) > rows or cand_rows is not None:
             seen = set(req_ids)
             for req_id in [r for r in active if r not in seen]:

@@ -37,7 +37,7 @@ def history_of(d: GroupDrafter, key: str) -> list[list[int]]:
 def cached_prompts(d: GroupDrafter) -> list[str]:
     """Keys of the prompts whose tree the drafter holds, least recently used first."""
     d.settle()
-    return list(d._trees)
+    return list(d._table.trees)
 
 
 # ---------------------------------------------------------------- suffix tree wrapper
