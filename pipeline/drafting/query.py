@@ -35,7 +35,7 @@ from pipeline.drafting.inputs import DrafterConfig
 from pipeline.drafting.live import LiveRequest, LiveSet
 from pipeline.drafting.prompt_state import LastDraft, PromptState
 from pipeline.drafting.remaining import RemainingTracker
-from pipeline.drafting.suffix_tree import Draft, SuffixTree
+from pipeline.drafting.suffix_tree import Draft, SuffixTree, match_needed
 
 
 class DraftChooser:
@@ -85,7 +85,9 @@ class DraftChooser:
             if last is not None and last.versions == versions \
                     and last.max_tokens == max_tokens and last.context == context:
                 return last.draft, last.source
-        args = (context, max_tokens, cfg.min_path_prob, cfg.max_spec_factor,
+        asked = context[-(match_needed(max_tokens, cfg.max_spec_factor, cfg.max_spec_offset,
+                                       cfg.max_depth) + 1):]
+        args = (asked, max_tokens, cfg.min_path_prob, cfg.max_spec_factor,
                 cfg.max_spec_offset)
         best, source = tree.speculate(*args), "prompt"
         if req.own is not None and best.score < max_tokens:

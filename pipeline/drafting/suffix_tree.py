@@ -16,6 +16,7 @@ its `Draft` into a plain dataclass, so the rest of `pipeline.drafting` never see
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -67,6 +68,23 @@ def as_int32(tokens: TokenIds) -> np.ndarray:
     refuses read-only arrays, such as views of Arrow buffers)."""
     arr = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
     return arr if arr.flags.writeable else arr.copy()
+
+
+def match_needed(max_tokens: int, max_spec_factor: float, max_spec_offset: float,
+                 max_depth: int) -> int:
+    """The longest suffix match worth asking for a draft of `max_tokens` tokens.
+
+    A match of m tokens drafts at most min(max_tokens, factor * m + offset) tokens, and at
+    most max_depth - m (a tree holds suffixes of max_depth tokens). So matches longer than
+    the shortest one that allows max_tokens draft no more tokens; they may only score a
+    shorter continuation higher. Every match is walked from the root, so a query costs
+    about the square of its context's length: a draft needs only the newest
+    `match_needed(...) + 1` context tokens (`pipeline.drafting.query`).
+    """
+    if max_spec_factor <= 0:
+        return max_depth
+    m = math.ceil((max_tokens - max_spec_offset) / max_spec_factor - 1e-6)
+    return max(1, min(max_depth, m))
 
 
 class SuffixTree:
@@ -144,4 +162,4 @@ class SuffixTree:
         return Draft(tokens, d.probs, d.score, d.match_len)
 
 
-__all__ = ["Draft", "EMPTY_DRAFT", "SuffixTree", "as_int32"]
+__all__ = ["Draft", "EMPTY_DRAFT", "SuffixTree", "as_int32", "match_needed"]
