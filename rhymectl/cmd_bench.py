@@ -67,6 +67,10 @@ def spec(
     repeats: int = typer.Option(1, "--repeats", help="Run every method R times, interleaved, "
                                 "the order rotating (A B C, B C A, ...); report medians and "
                                 "min-max."),
+    ceiling: bool = typer.Option(False, "--ceiling", help="Also count the critical path of a "
+                                 "drafter that always drafted the policy's own most likely "
+                                 "tokens (the oracle), from none's responses and one forward "
+                                 "of each checkpoint."),
     json_out: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
 ) -> None:
     from rhymectl.parsing import parse_methods
@@ -86,7 +90,7 @@ def spec(
         log.print(f"trained {plan.total_steps} steps into {plan.run_dir}", markup=False)
     else:
         log.print(f"reusing the trained epochs in {plan.run_dir}", markup=False)
-    result, plot_path = _measure(plan, names, config, extra, plot, repeats)
+    result, plot_path = _measure(plan, names, config, extra, plot, repeats, ceiling)
     if json_out:
         emit_json({**result, "plot": str(plot_path)})
     else:
@@ -97,7 +101,7 @@ def spec(
                   soft_wrap=True)
 
 
-def _measure(plan, names, config, overrides, plot, repeats=1):
+def _measure(plan, names, config, overrides, plot, repeats=1, ceiling=False):
     from pipeline.bench.figures import write_plot, write_running_plot
     from pipeline.bench.spec import (GPU_MODEL, build_work, figure_step, run_isolated, summarize,
                                      workload)
@@ -153,6 +157,12 @@ def _measure(plan, names, config, overrides, plot, repeats=1):
                 GPU_MODEL.ridge_tokens, f"{GPU_MODEL.name}: compute-bound above "
                 f"{GPU_MODEL.ridge_tokens:.0f} tokens")
     result = {"methods": summary, "workload": load, "gpu_model": GPU_MODEL.as_dict()}
+    if ceiling:
+        from pipeline.bench.spec_ceiling import oracle_ceiling
+
+        log.print("ceiling: marking none's tokens with each checkpoint's argmax", markup=False)
+        result["ceiling"] = oracle_ceiling(work, runs[0]["none"], plan.cfg.rollout.n,
+                                           summary.get("suffix"))
     if running_path is not None:
         result["running_plot"] = str(running_path)
     return result, plot_path
@@ -188,6 +198,7 @@ def _render_spec(result: dict) -> None:
                       f"{m['drafter_frac']:.1%}", same)
     out.print(table)
     _render_critical_path(result)
+    _render_ceiling(result.get("ceiling"))
     for name, m in result["methods"].items():
         if m.get("draft_sources"):
             shares = ", ".join(f"{k} tree {v:.0%}" for k, v in m["draft_sources"].items())
@@ -233,6 +244,21 @@ def _render_critical_path(result: dict) -> None:
                       num(m.get("gpu_estimate_s"), "{:.2f}"),
                       num(m.get("gpu_estimate_speedup"), "{:.2f}×"))
     out.print(table)
+
+
+def _render_ceiling(ceiling: dict | None) -> None:
+    """The oracle's passes (`--ceiling`), one line per draft cap."""
+    if not ceiling:
+        return
+    out.print(f"ceiling: a drafter that always drafted the policy's most likely token "
+              f"({ceiling['argmax_share']:.0%} of none's sampled tokens were)", markup=False)
+    for name, c in ceiling["caps"].items():
+        ratio = f", {c['over_suffix']:.2f}× suffix's" if "over_suffix" in c else ""
+        out.print(f"  {name}: {c['passes']} passes, critical path {c['critical_passes']:g} "
+                  f"per step{ratio}", markup=False)
+    if not ceiling["check"]:
+        out.print("  (cap0 differs from none's measured critical path: a prefill split over "
+                  "passes, or a response vLLM cut)", markup=False)
 
 
 @bench_app.command("sched", help=(

@@ -108,7 +108,7 @@ def run_greedy_identity(model_dir, budget: str = "tree", prompts=None) -> dict:
         for i, p in enumerate(prompts):
             drafter.set_history(prompt_hash(p), [HistoryResponse(t)
                                                  for t in out[i * GROUP:(i + 1) * GROUP]])
-    return {"plain": plain, "rounds": rounds}
+    return {"plain": plain, "rounds": rounds, "prompts": prompts}
 
 
 # `tree` is the default; `throughput` runs inside a real engine in test_drafting_lossless
@@ -136,6 +136,24 @@ def test_greedy_output_is_identical_with_history_and_sibling_drafts(tiny_model, 
     assert generated - requests <= warm_stats.emitted
     assert 0 < warm_counts.draft_tokens <= warm_stats.drafted
     assert warm_counts.tau(generated, requests) > 1.5
+    if budget == "tree":
+        check_the_ceiling_marks_greedy_tokens(tiny_model, result["prompts"], plain)
+
+
+def check_the_ceiling_marks_greedy_tokens(model_dir, prompts, outputs):
+    """`bench spec --ceiling` marks a token as the policy's argmax by a transformers forward
+    of the checkpoint; on vLLM's greedy output (every token vLLM's argmax) it must mark
+    them all, and the oracle then drafts each response whole in its first decode pass."""
+    from pipeline.bench.spec_ceiling import argmax_hits, load_policy
+    from pipeline.draft_ceiling import oracle_passes
+
+    model = load_policy(model_dir)
+    hits = [argmax_hits(model, p, out) for p, out in
+            zip([p for p in prompts for _ in range(GROUP)], outputs)]
+    share = sum(map(sum, hits)) / sum(map(len, hits))
+    assert share > 0.99, share  # float32 on both sides: a near-tie may flip, rarely
+    whole = [oracle_passes(h, None) == min(2, len(h)) for h in hits]
+    assert sum(whole) >= 0.9 * len(whole)
 
 
 def test_greedy_output_is_identical_on_a_real_model_family(qwen2_model):
