@@ -70,6 +70,10 @@ def drafter(
                                                         "(slept between passes)."),
     inline: bool = typer.Option(False, "--inline", help="Also run rhymectl's drafter with its "
                                                         "background work inline."),
+    floor: bool = typer.Option(False, "--floor", help="Also time one bare suffix-tree query "
+                                                      "per request and pass (history only, "
+                                                      "no chains, memo or budget): the least "
+                                                      "any drafter asking every row pays."),
     soak: int = typer.Option(0, "--soak", help="Instead: this many steps with fresh prompts, "
                                                "memory per step (0: off)."),
     out_dir: Path = typer.Option(Path("."), "--out", help="Folder for the JSON and PNG."),
@@ -78,7 +82,7 @@ def drafter(
     from pipeline.bench.drafter import make_plan
 
     plan = make_plan(_live(live), group, mean_len, vocab, rhyme, history_epochs, seed, passes,
-                     repeats, k, start, window, gpu_ms, inline)
+                     repeats, k, start, window, gpu_ms, inline, floor)
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"--out {out_dir} is a file; give a folder")
     if soak < 0:

@@ -65,10 +65,12 @@ class Plan:
     window: int = 10
     gpu_ms: float = 20.0
     inline: bool = False  # also measure rhymectl's drafter with its background work inline
+    floor: bool = False  # also measure one bare tree query per row (`drafter_floor`)
 
     @property
     def lanes(self) -> tuple[str, ...]:
-        return ("ours", "ours-inline", "suffix") if self.inline else ("ours", "suffix")
+        return (("ours",) + (("ours-inline",) if self.inline else ()) + ("suffix",)
+                + (("floor",) if self.floor else ()))
 
     @property
     def reach(self) -> int:
@@ -91,7 +93,7 @@ class Plan:
 def make_plan(live: list[int], group: int, mean_len: int, vocab: int, rhyme: float,
               history_epochs: int, seed: int, passes: int, repeats: int, k: int = 8,
               start: int | None = None, window: int = 10, gpu_ms: float = 20.0,
-              inline: bool = False) -> Plan:
+              inline: bool = False, floor: bool = False) -> Plan:
     """The plan, every bad value refused at once (UsageError naming each and its fix)."""
     errors = []
     if not live or any(n < 1 for n in live):
@@ -121,7 +123,7 @@ def make_plan(live: list[int], group: int, mean_len: int, vocab: int, rhyme: flo
         raise UsageError("; ".join(errors))
     shapes = tuple(wl.Shape(live=n, group=group, mean_len=mean_len, vocab=vocab, rhyme=rhyme,
                             history_epochs=history_epochs, seed=seed) for n in live)
-    return Plan(shapes, passes, repeats, k, start, window, gpu_ms, inline)
+    return Plan(shapes, passes, repeats, k, start, window, gpu_ms, inline, floor)
 
 
 # ------------------------------------------------------------------ the two proposers
@@ -229,11 +231,29 @@ def build_suffix(work: wl.Workload, batch: InputBatch, k: int, max_model_len: in
     return Side(lane, build_s, growth, lambda: None)
 
 
+def build_floor(work: wl.Workload, batch: InputBatch, k: int, max_model_len: int,
+                start: int) -> Side:
+    from pipeline.bench.drafter_floor import floor_proposer, floor_trees
+    from pipeline.drafting.inputs import DrafterConfig
+
+    cfg = DrafterConfig.for_method("history+group")
+    release_free_heap()
+    before = rss_bytes()
+    t0 = time.perf_counter()
+    trees = floor_trees(work, cfg)
+    build_s = time.perf_counter() - t0
+    release_free_heap()
+    growth = rss_bytes() - before
+    lane = Lane("floor", work, batch, floor_proposer(trees, work, batch, k, cfg), start)
+    return Side(lane, build_s, growth, trees.clear)
+
+
 # ------------------------------------------------------------------ measuring
 
 BUILDERS = {"ours": build_ours,
             "ours-inline": lambda *a: build_ours(*a, background=False),
-            "suffix": build_suffix}
+            "suffix": build_suffix,
+            "floor": build_floor}
 
 
 def measure_point(plan: Plan, shape: wl.Shape, progress: Progress) -> dict:

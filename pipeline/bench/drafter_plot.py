@@ -6,9 +6,10 @@ from pathlib import Path
 
 from pipeline.atomic import write_atomic
 
-COLORS = {"ours": "#4c72b0", "ours-inline": "#8172b3", "suffix": "#dd8452"}
+COLORS = {"ours": "#4c72b0", "ours-inline": "#8172b3", "suffix": "#dd8452",
+          "floor": "#55a868"}
 LABELS = {"ours": "rhymectl drafter", "ours-inline": "rhymectl drafter, background inline",
-          "suffix": "vLLM suffix"}
+          "suffix": "vLLM suffix", "floor": "one bare tree query per row (floor)"}
 
 
 def write_drafter_plot(report: dict, path: str | Path) -> Path:

@@ -92,3 +92,17 @@ def test_bad_shapes_are_refused_in_one_line(capsys, tmp_path, args, words):
     code, _, err = run_cli(capsys, "bench", "drafter", *args, "--out", str(tmp_path / "o"))
     assert code == 2 and words in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
+
+
+def test_the_floor_lane_reports_one_bare_query_per_row(capsys, tmp_path):
+    code, out, err = run_cli(capsys, "bench", "drafter", "--live", "16", "--group", "4",
+                             "--mean-len", "128", "--vocab", "3000", "--passes", "6",
+                             "--repeats", "1", "--window", "3", "--gpu-ms", "0", "--floor",
+                             "--json", "--out", str(tmp_path))
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["workload"]["lanes"] == ["ours", "suffix", "floor"]
+    floor = report["floor"]
+    assert floor["passes"] == 6 and floor["per_pass_ms"]["median"] > 0
+    # history alone drafts for this rhyming workload, never more than k tokens a row
+    assert 0 < floor["drafted_per_pass"] <= 8 * 16 and floor["tau"] > 1.0

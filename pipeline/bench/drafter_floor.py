@@ -1,0 +1,54 @@
+"""The `floor` lane of `rhymectl bench drafter` (`--floor`): what one suffix-tree query per
+live request and pass costs, with nothing else a drafter does.
+
+Each prompt gets one tree over its prompt and its history (as rhymectl's prompt trees hold
+it, each history response after the prompt's last `max_depth` tokens); every pass asks
+each row's prompt tree once, with the newest tokens a full-length draft needs
+(`pipeline.drafting.suffix_tree.match_needed`) and the drafter's settings. No live
+responses enter the trees, no draft is chained, no query is saved by a memo or worked out
+ahead, no budget runs. So its time per pass is the least that any drafter asking the trees
+for every row each pass pays on this machine, and its tau what such bare drafts from
+history alone give: a reference for the other lanes, not a proposer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.bench import drafter_workload as wl
+from pipeline.bench.drafter_sim import InputBatch
+from pipeline.drafting.inputs import DrafterConfig
+from pipeline.drafting.suffix_tree import SuffixTree, match_needed
+
+
+def floor_trees(work: wl.Workload, cfg: DrafterConfig) -> list[SuffixTree]:
+    """One tree per prompt: the prompt, then each history response after its tail."""
+    trees = []
+    for prompt, hist in zip(work.prompts, work.history):
+        tree = SuffixTree(cfg.max_depth)
+        tree.extend(0, prompt)
+        tail = prompt[-cfg.max_depth:]
+        for seq, (_, ids) in enumerate(hist, start=1):
+            tree.extend(seq, np.concatenate([tail, ids]))
+        trees.append(tree)
+    return trees
+
+
+def floor_proposer(trees: list[SuffixTree], work: wl.Workload, batch: InputBatch, k: int,
+                   cfg: DrafterConfig):
+    """propose(sampled) -> one bare draft per row, read from the batch as vLLM leaves it."""
+    context = match_needed(k, cfg.max_spec_factor, cfg.max_spec_offset, cfg.max_depth) + 1
+    args = (k, cfg.min_path_prob, cfg.max_spec_factor, cfg.max_spec_offset)
+    tree_of = {f"{p}:{j}": trees[p] for p in range(len(trees)) for j in range(work.shape.group)}
+
+    def propose(sampled):
+        ids, ends, tokens = batch.req_ids, batch.num_tokens_no_spec, batch.token_ids_cpu
+        return [tree_of[ids[i]].speculate(
+                    tokens[i, max(0, int(ends[i]) - context):int(ends[i])].tolist(),
+                    *args).token_ids
+                for i in range(len(sampled))]
+
+    return propose
+
+
+__all__ = ["floor_proposer", "floor_trees"]
