@@ -231,29 +231,18 @@ def build_suffix(work: wl.Workload, batch: InputBatch, k: int, max_model_len: in
     return Side(lane, build_s, growth, lambda: None)
 
 
-def build_floor(work: wl.Workload, batch: InputBatch, k: int, max_model_len: int,
-                start: int) -> Side:
-    from pipeline.bench.drafter_floor import floor_proposer, floor_trees
-    from pipeline.drafting.inputs import DrafterConfig
-
-    cfg = DrafterConfig.for_method("history+group")
-    release_free_heap()
-    before = rss_bytes()
-    t0 = time.perf_counter()
-    trees = floor_trees(work, cfg)
-    build_s = time.perf_counter() - t0
-    release_free_heap()
-    growth = rss_bytes() - before
-    lane = Lane("floor", work, batch, floor_proposer(trees, work, batch, k, cfg), start)
-    return Side(lane, build_s, growth, trees.clear)
-
-
 # ------------------------------------------------------------------ measuring
 
 BUILDERS = {"ours": build_ours,
             "ours-inline": lambda *a: build_ours(*a, background=False),
             "suffix": build_suffix,
-            "floor": build_floor}
+            "floor": lambda *a: _floor_lane(*a)}
+
+
+def _floor_lane(*args) -> Side:
+    from pipeline.bench.drafter_floor import build_floor
+
+    return build_floor(*args)
 
 
 def measure_point(plan: Plan, shape: wl.Shape, progress: Progress) -> dict:

@@ -13,10 +13,13 @@ history alone give: a reference for the other lanes, not a proposer.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from pipeline.bench import drafter_workload as wl
-from pipeline.bench.drafter_sim import InputBatch
+from pipeline.bench.drafter import Side, release_free_heap, rss_bytes
+from pipeline.bench.drafter_sim import InputBatch, Lane
 from pipeline.drafting.inputs import DrafterConfig
 from pipeline.drafting.suffix_tree import SuffixTree, match_needed
 
@@ -51,4 +54,19 @@ def floor_proposer(trees: list[SuffixTree], work: wl.Workload, batch: InputBatch
     return propose
 
 
-__all__ = ["floor_proposer", "floor_trees"]
+def build_floor(work: wl.Workload, batch: InputBatch, k: int, max_model_len: int,
+                start: int) -> Side:
+    """The floor lane on `work` (`pipeline.bench.drafter`'s builders' signature)."""
+    cfg = DrafterConfig.for_method("history+group")
+    release_free_heap()
+    before = rss_bytes()
+    t0 = time.perf_counter()
+    trees = floor_trees(work, cfg)
+    build_s = time.perf_counter() - t0
+    release_free_heap()
+    growth = rss_bytes() - before
+    lane = Lane("floor", work, batch, floor_proposer(trees, work, batch, k, cfg), start)
+    return Side(lane, build_s, growth, trees.clear)
+
+
+__all__ = ["build_floor", "floor_proposer", "floor_trees"]
