@@ -4,7 +4,7 @@ one suffix-tree query stops. Pure logic over `pipeline.drafting.suffix_tree`."""
 from __future__ import annotations
 
 from pipeline.drafting.inputs import DrafterConfig
-from pipeline.drafting.suffix_tree import Draft, match_needed
+from pipeline.drafting.suffix_tree import Draft
 
 
 def chain_draft(tree, context: list[int], draft: Draft, max_tokens: int,
@@ -24,10 +24,7 @@ def chain_draft(tree, context: list[int], draft: Draft, max_tokens: int,
         carried = probs[-1]
         if carried <= cfg.min_path_prob:
             break
-        left = max_tokens - len(tokens)
-        asked = (context + tokens)[-(match_needed(left, cfg.max_spec_factor,
-                                                  cfg.max_spec_offset, cfg.max_depth) + 1):]
-        more = tree.speculate(asked, left,
+        more = tree.speculate(context + tokens, max_tokens - len(tokens),
                               cfg.min_path_prob / carried, cfg.max_spec_factor,
                               cfg.max_spec_offset)
         if not more.token_ids:

@@ -85,6 +85,9 @@ class DraftChooser:
             if last is not None and last.versions == versions \
                     and last.max_tokens == max_tokens and last.context == context:
                 return last.draft, last.source
+        # the first query needs no longer match than a full-length draft; a chain's own
+        # queries (`chain_draft`) keep the whole context, where the drafted tokens it ends
+        # in are matched with all the context there is
         asked = context[-(match_needed(max_tokens, cfg.max_spec_factor, cfg.max_spec_offset,
                                        cfg.max_depth) + 1):]
         args = (asked, max_tokens, cfg.min_path_prob, cfg.max_spec_factor,
