@@ -14,7 +14,7 @@ from __future__ import annotations
 from statistics import median
 from typing import Sequence
 
-from pipeline.draft_ceiling import oracle_passes
+from pipeline.draft_ceiling import step_ceiling
 
 # the oracle's draft caps: 0 (the check), the default full pass, the thin-pass cap, none
 CAPS: dict[str, int | None] = {"cap0": 0, "cap8": 8, "cap16": 16, "unbounded": None}
@@ -59,7 +59,7 @@ def oracle_ceiling(work, none, n: int, reference: dict | None = None) -> dict:
             hits_total += sum(map(sum, hits))
             tokens_total += sum(map(len, hits))
             for name, cap in CAPS.items():
-                per_step[name].append(max((oracle_passes(h, cap) for h in hits), default=0))
+                per_step[name].append(step_ceiling(hits, cap))
         del model
     measured = [s["critical_passes"] for s in none.steps]
     out = {"caps": {}, "argmax_share": round(hits_total / tokens_total, 4) if tokens_total else None,
