@@ -233,16 +233,16 @@ def build_suffix(work: wl.Workload, batch: InputBatch, k: int, max_model_len: in
 
 # ------------------------------------------------------------------ measuring
 
+def _floor_lane(*args) -> Side:
+    from pipeline.bench.drafter_floor import build_floor  # it imports this module
+
+    return build_floor(*args)
+
+
 BUILDERS = {"ours": build_ours,
             "ours-inline": lambda *a: build_ours(*a, background=False),
             "suffix": build_suffix,
-            "floor": lambda *a: _floor_lane(*a)}
-
-
-def _floor_lane(*args) -> Side:
-    from pipeline.bench.drafter_floor import build_floor
-
-    return build_floor(*args)
+            "floor": _floor_lane}
 
 
 def measure_point(plan: Plan, shape: wl.Shape, progress: Progress) -> dict:

@@ -1,8 +1,8 @@
 """The `floor` lane of `rhymectl bench drafter` (`--floor`): what one suffix-tree query per
 live request and pass costs, with nothing else a drafter does.
 
-Each prompt gets one tree over its prompt and its history (as rhymectl's prompt trees hold
-it, each history response after the prompt's last `max_depth` tokens); every pass asks
+Each prompt gets one tree over its prompt and its history (built as rhymectl's prompt trees
+are, each history response after the prompt's last `max_depth` tokens); every pass asks
 each row's prompt tree once, with the newest tokens a full-length draft needs
 (`pipeline.drafting.suffix_tree.match_needed`) and the drafter's settings. No live
 responses enter the trees, no draft is chained, no query is saved by a memo or worked out
@@ -15,26 +15,20 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
-
 from pipeline.bench import drafter_workload as wl
 from pipeline.bench.drafter import Side, release_free_heap, rss_bytes
 from pipeline.bench.drafter_sim import InputBatch, Lane
 from pipeline.drafting.inputs import DrafterConfig
+from pipeline.drafting.prompt_state import HistoryEntry, PromptState
 from pipeline.drafting.suffix_tree import SuffixTree, match_needed
 
 
 def floor_trees(work: wl.Workload, cfg: DrafterConfig) -> list[SuffixTree]:
-    """One tree per prompt: the prompt, then each history response after its tail."""
-    trees = []
-    for prompt, hist in zip(work.prompts, work.history):
-        tree = SuffixTree(cfg.max_depth)
-        tree.extend(0, prompt)
-        tail = prompt[-cfg.max_depth:]
-        for seq, (_, ids) in enumerate(hist, start=1):
-            tree.extend(seq, np.concatenate([tail, ids]))
-        trees.append(tree)
-    return trees
+    """One tree per prompt, laid out as the drafter's prompt trees are (`PromptState`: the
+    prompt, then each history response after the prompt's tail), without live responses."""
+    return [PromptState(str(p), prompt_ids=prompt.tolist(),
+                        history=[HistoryEntry(ids, 1) for _, ids in hist]).build_tree(cfg.max_depth)
+            for p, (prompt, hist) in enumerate(zip(work.prompts, work.history))]
 
 
 def floor_proposer(trees: list[SuffixTree], work: wl.Workload, batch: InputBatch, k: int,
