@@ -10,7 +10,7 @@ import pytest
 from pipeline.config.methods import DRAFTER_METHODS, METHODS, REGISTRY, method
 from pipeline.config.schema import SpecConfig
 from pipeline.drafting.inputs import DrafterConfig
-from rhymectl import cmd_bench
+from rhymectl import cmd_bench_spec
 
 
 def test_the_registry_names_each_method_once_with_what_serves_it():
@@ -25,7 +25,7 @@ def test_the_registry_names_each_method_once_with_what_serves_it():
 
 def test_config_drafter_and_cli_read_the_registry():
     assert typing.get_args(typing.get_type_hints(SpecConfig)["method"]) == METHODS
-    assert cmd_bench.DEFAULT_METHODS.split(",") == list(METHODS)
+    assert cmd_bench_spec.DEFAULT_METHODS.split(",") == list(METHODS)
     for name in DRAFTER_METHODS:
         cfg = DrafterConfig.for_method(name)
         assert (cfg.use_history, cfg.use_siblings) == (method(name).history, method(name).siblings)

@@ -1,0 +1,243 @@
+"""`rhymectl bench spec`: every speculative method regenerates the same epochs' rollouts,
+side by side (`pipeline.bench.spec`), with the critical path, the GPU estimate and, with
+`--ceiling`, the oracle drafter's passes (`pipeline.bench.spec_ceiling`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from pipeline.config.methods import METHODS
+from pipeline.errors import UsageError
+from rhymectl.cmd_bench import bench_app
+from rhymectl.output import emit_json, log, out
+
+DEFAULT_METHODS = ",".join(METHODS)
+
+
+@bench_app.command("spec", help=(
+    "Regenerate the same rollouts with every speculative method and compare: tau (tokens per "
+    "target forward pass), acceptance rate, target passes, scheduled tokens, rollout seconds, "
+    "tokens per second, speedup over none, floor_s (the generated tokens at the measured cost "
+    "per scheduled token: no per-pass overhead, no rejected drafts) and, at temperature 0, "
+    "whether responses are token-identical to none's; per step, the critical path in target "
+    "passes (passes per step, passes until the last request finished, passes in the tail "
+    "where fewer than a quarter of the step's requests run, tau of the last request and in "
+    "the tail) and an estimate of the rollout's time on an H100 for a 7B policy from those "
+    "passes (a roofline model from published peak figures, not a measurement). Trains "
+    "--epochs epochs of CONFIG once "
+    "(into --run-dir, reused when it already holds them), checkpointing the policy at each "
+    "epoch start; each later epoch's batches are then regenerated from that epoch's "
+    "checkpoint, drafting from the epochs before it. `suffix` is vLLM's own method with its "
+    "global cache fed the same earlier responses. `none` is always measured (the reference). "
+    "Writes a PNG of tau and speedup, by default RUN_DIR/report/bench-spec.png, and one of "
+    "running requests by pass on one step for none, suffix and history+group "
+    "(bench-spec-running.png beside it).\n\n"
+    "Example: rhymectl bench spec sample_configs/tiny.yaml data.train_size=128 --epochs 3 --json\n\n"
+    "Example: rhymectl bench spec sample_configs/tiny.yaml rollout.temperature=0 "
+    "--methods none,suffix,history+group --epochs 2"))
+def spec(
+    config: Path = typer.Argument(..., help="YAML config (see sample_configs/)."),
+    overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides, e.g. data.train_size=128"),
+    methods: str = typer.Option(DEFAULT_METHODS, "--methods", help="Comma-separated methods."),
+    epochs: int = typer.Option(3, "--epochs", help="Epochs to train; epochs 1 .. E-1 are measured."),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Training run to create or reuse "
+                                                                   "[run.dir + '-bench-spec']."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="PNG [RUN_DIR/report/bench-spec.png]."),
+    repeats: int = typer.Option(1, "--repeats", help="Run every method R times, interleaved, "
+                                "the order rotating (A B C, B C A, ...); report medians and "
+                                "min-max."),
+    ceiling: bool = typer.Option(False, "--ceiling", help="Also count the critical path of a "
+                                 "drafter that always drafted the policy's own most likely "
+                                 "tokens (the oracle), from none's responses and one forward "
+                                 "of each checkpoint."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
+) -> None:
+    from rhymectl.parsing import parse_methods
+
+    names = parse_methods(methods)  # before the heavy imports: a typo fails at once
+    from pipeline.bench.spec_plan import ensure_trained, make_plan
+    from pipeline.config import load_config
+    from pipeline.loop.preflight import preflight
+
+    if repeats < 1:
+        raise UsageError(f"--repeats {repeats}: need at least 1")
+    extra = list(overrides or [])
+    cfg = load_config(config, extra)
+    preflight(cfg, world_size=1)
+    plan = make_plan(cfg, epochs, run_dir)
+    if ensure_trained(plan, config, extra):
+        log.print(f"trained {plan.total_steps} steps into {plan.run_dir}", markup=False)
+    else:
+        log.print(f"reusing the trained epochs in {plan.run_dir}", markup=False)
+    result, plot_path = _measure(plan, names, config, extra, plot, repeats, ceiling)
+    if json_out:
+        emit_json({**result, "plot": str(plot_path)})
+    else:
+        _render_spec(result)
+    log.print(f"plot: {plot_path}", markup=False, soft_wrap=True)
+    if result.get("running_plot"):
+        log.print(f"running requests by pass: {result['running_plot']}", markup=False,
+                  soft_wrap=True)
+
+
+def _measure(plan, names, config, overrides, plot, repeats=1, ceiling=False):
+    from pipeline.bench.figures import write_plot, write_running_plot
+    from pipeline.bench.spec import (GPU_MODEL, build_work, figure_step, run_isolated, summarize,
+                                     workload)
+    from pipeline.bench.spec_repeats import aggregate, run_order
+    from pipeline.drafting.calibration import merge_tables
+
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn)
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())
+    steps = (plan.epochs - 1) * plan.steps_per_epoch  # epochs 1 .. E-1 are regenerated
+    runs = []  # one {method: MethodResult} per repeat, methods interleaved
+    for rep in range(repeats):
+        results = {}
+        for name in run_order(names, rep):
+            with Progress(*columns, console=log, transient=True) as progress:
+                task = progress.add_task(f"bench spec: {name} [{rep + 1}/{repeats}]", total=steps)
+                results[name] = r = run_isolated(config, overrides, plan, name,
+                                                 lambda: progress.advance(task))
+            log.print(f"[{rep + 1}/{repeats}] {name}: {r.requests} responses, {r.generated} "
+                      f"tokens in {r.rollout_s:.2f} s", markup=False)
+        runs.append({name: results[name] for name in names})
+    from transformers import AutoTokenizer
+
+    from pipeline.tasks.chat import PromptEncoder
+
+    encoder = PromptEncoder.from_config(plan.cfg.data,
+                                        AutoTokenizer.from_pretrained(plan.cfg.model.path))
+    work = build_work(plan, encoder)
+    temperature = plan.cfg.rollout.temperature
+    summary = aggregate([summarize(results, temperature) for results in runs])
+    for name in names:
+        states = [rs[name].calibration for rs in runs if rs[name].calibration]
+        if states:
+            summary[name]["calibration"] = merge_tables(states)
+    load = {**workload(plan, work, runs[0]), "repeats": repeats}
+    title = (f"{load['task']}: epochs {load['epochs_measured']} × {load['steps_per_epoch']} steps × "
+             f"{load['sequences_per_step']} sequences, T={load['temperature']}")
+    from pipeline.loop.lock import held
+
+    plot_path = Path(plot or plan.run_dir / "report" / "bench-spec.png")
+    index, shown = figure_step(runs[0])
+    running_path = plot_path.with_name(f"{plot_path.stem}-running.png") if shown else None
+    with held(plan.run_dir, "rhymectl bench spec"):  # writes into the run directory
+        write_plot(summary, plot_path, title)
+        if shown:
+            step = [sw.step for ew in work for sw in ew.steps][index]
+            write_running_plot(
+                shown, running_path,
+                f"{load['task']}: step {step + 1} (the median critical path under none), "
+                f"{load['sequences_per_step']} sequences, T={load['temperature']}",
+                GPU_MODEL.ridge_tokens, f"{GPU_MODEL.name}: compute-bound above "
+                f"{GPU_MODEL.ridge_tokens:.0f} tokens")
+    result = {"methods": summary, "workload": load, "gpu_model": GPU_MODEL.as_dict()}
+    if ceiling:
+        from pipeline.bench.spec_ceiling import oracle_ceiling
+
+        log.print("ceiling: marking none's tokens with each checkpoint's argmax", markup=False)
+        result["ceiling"] = oracle_ceiling(work, runs[0]["none"], plan.cfg.rollout.n,
+                                           summary.get("suffix"))
+    if running_path is not None:
+        result["running_plot"] = str(running_path)
+    return result, plot_path
+
+
+def _render_spec(result: dict) -> None:
+    from rich.table import Table
+
+    w = result["workload"]
+    table = Table(title=f"{w['task']}: epochs {w['epochs_measured']}, {w['requests']} requests, "
+                        f"{w['sequences_per_step']} sequences per step, T={w['temperature']}")
+    if w.get("repeats", 1) > 1:
+        table.caption = f"medians of {w['repeats']} interleaved repeats (min–max)"
+    columns = ("method", "tau", "accept", "passes", "sched tokens", "rollout s", "tok/s",
+               "speedup", "vs suffix", "floor s", "drafter", "identical")
+    for column in columns:
+        table.add_column(column, justify="right", no_wrap=True)
+
+    def spread(m, key, fmt):
+        if m.get(key) is None:
+            return "–"
+        text = fmt.format(m[key])
+        if m.get("repeats", 1) > 1 and f"{key}_min" in m:
+            text += f" ({fmt.format(m[key + '_min'])}–{fmt.format(m[key + '_max'])})"
+        return text
+
+    for name, m in result["methods"].items():
+        same = {True: "yes", False: "NO", None: "–"}[m["identical"]]
+        table.add_row(name, f"{m['tau']:.2f}", f"{m['accept_rate']:.0%}", str(int(m["passes"])),
+                      str(int(m["scheduled_tokens"])), spread(m, "rollout_s", "{:.2f}"),
+                      f"{m['tok_per_s']:.0f}", spread(m, "speedup", "{:.2f}×"),
+                      spread(m, "vs_suffix", "{:.2f}×"), f"{m['floor_s']:.2f}",
+                      f"{m['drafter_frac']:.1%}", same)
+    out.print(table)
+    _render_critical_path(result)
+    _render_ceiling(result.get("ceiling"))
+    for name, m in result["methods"].items():
+        if m.get("draft_sources"):
+            shares = ", ".join(f"{k} tree {v:.0%}" for k, v in m["draft_sources"].items())
+            out.print(f"{name}: drafts served by the {shares}", markup=False)
+    for name, m in result["methods"].items():
+        if m.get("calibration"):
+            cal = Table(title=f"{name}: calibration of per-token acceptance (tree path counts)")
+            for column in ("tree q", "tokens tested", "predicted", "observed"):
+                cal.add_column(column, justify="right")
+            for row in m["calibration"]:
+                cal.add_row(f"{row['lo']:.2f}–{row['hi']:.2f}", str(row["tried"]),
+                            f"{row['predicted']:.3f}", f"{row['observed']:.3f}")
+            out.print(cal)
+
+
+def _render_critical_path(result: dict) -> None:
+    """Per method: target passes per step and on the critical path (medians over the
+    measured steps), the tail's passes and taus, and the GPU estimate."""
+    from rich.table import Table
+
+    gpu = result.get("gpu_model")
+    methods = result["methods"]
+    if gpu is None or not any("critical_passes" in m for m in methods.values()):
+        return
+    table = Table(title="target passes per step (medians over steps); tail: fewer than a "
+                        "quarter of the step's requests running")
+    table.caption = (f"GPU est.: an estimate, not a measurement: each pass priced as on "
+                     f"{gpu['name']}, max({gpu['weights_ms']:.2f} ms, scheduled tokens × "
+                     f"{gpu['flops_per_token'] / gpu['peak_flops'] * 1e6:.1f} µs); × is none's "
+                     f"estimate over the method's")
+    # the total passes are in the table above; the tail's GPU seconds in --json
+    for column in ("method", "passes/step", "critical", "tail", "crit. tau", "tail tau",
+                   "GPU est. s", "GPU est. ×"):
+        table.add_column(column, justify="right", no_wrap=True)
+
+    def num(value, fmt):
+        return "–" if value is None else fmt.format(value)
+
+    for name, m in methods.items():
+        table.add_row(name, num(m.get("passes_per_step"), "{:g}"),
+                      num(m.get("critical_passes"), "{:g}"), num(m.get("tail_passes"), "{:g}"),
+                      num(m.get("critical_tau"), "{:.2f}"), num(m.get("tail_tau"), "{:.2f}"),
+                      num(m.get("gpu_estimate_s"), "{:.2f}"),
+                      num(m.get("gpu_estimate_speedup"), "{:.2f}×"))
+    out.print(table)
+
+
+def _render_ceiling(ceiling: dict | None) -> None:
+    """The oracle's passes (`--ceiling`), one line per draft cap."""
+    if not ceiling:
+        return
+    out.print(f"ceiling: a drafter that always drafted the policy's most likely token "
+              f"({ceiling['argmax_share']:.0%} of none's sampled tokens were)", markup=False)
+    for name, c in ceiling["caps"].items():
+        ratio = f", {c['over_suffix']:.2f}× suffix's" if "over_suffix" in c else ""
+        out.print(f"  {name}: {c['passes']} passes, critical path {c['critical_passes']:g} "
+                  f"per step{ratio}", markup=False)
+    if not ceiling["check"]:
+        out.print("  (cap0 differs from none's measured critical path: a prefill split over "
+                  "passes, or a response vLLM cut)", markup=False)
