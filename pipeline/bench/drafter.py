@@ -35,11 +35,9 @@ pass: the last pass's job, done by the time the pass drafts).
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import os
 import platform
-import time
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Callable
@@ -48,6 +46,7 @@ import numpy as np
 
 from pipeline.bench import drafter_workload as wl
 from pipeline.bench.drafter_sim import InputBatch, Lane, simulated_runner
+from pipeline.bench.process_memory import measured_build
 from pipeline.errors import UsageError
 
 Progress = Callable[[str, int], None]  # (what is running, passes just done)
@@ -128,25 +127,6 @@ def make_plan(live: list[int], group: int, mean_len: int, vocab: int, rhyme: flo
 
 # ------------------------------------------------------------------ the two proposers
 
-def release_free_heap() -> None:
-    """Hand freed heap back to the system (glibc's malloc_trim, where there is one), so that
-    resident memory, and its growth, is what is live."""
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
-def rss_bytes() -> int:
-    """Resident memory of this process (0 where /proc is missing)."""
-    try:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
 @dataclass
 class Side:
     """One proposer on one step: its lane, what building its history cost, and for
@@ -180,14 +160,7 @@ def build_ours(work: wl.Workload, batch: InputBatch, k: int, max_model_len: int,
                         background=background)
     drafting.remember(_history_records(work))
     prompts = [p.tolist() for p in work.prompts]
-    release_free_heap()
-    before = rss_bytes()
-    t0 = time.perf_counter()
-    drafting.prepare(prompts)
-    drafting.ready()
-    build_s = time.perf_counter() - t0
-    release_free_heap()
-    growth = rss_bytes() - before
+    _, build_s, growth = measured_build(lambda: (drafting.prepare(prompts), drafting.ready()))
     tree_bytes = drafting.drafter.stats().tree_bytes
     drafting.before(prompts, work.shape.group)
     proposer, drafter = drafting.proposer, drafting.drafter
@@ -219,14 +192,8 @@ def build_suffix(work: wl.Workload, batch: InputBatch, k: int, max_model_len: in
     from pipeline.rollout.speculation import suffix_proposer, warm_suffix_proposer
 
     proposer = suffix_proposer(k, max_model_len)
-    release_free_heap()
-    before = rss_bytes()
-    t0 = time.perf_counter()
-    warm_suffix_proposer(proposer, [(prompt, ids) for prompt, hist in zip(work.prompts, work.history)
-                                    for _, ids in hist])
-    build_s = time.perf_counter() - t0
-    release_free_heap()
-    growth = rss_bytes() - before
+    history = [(prompt, ids) for prompt, hist in zip(work.prompts, work.history) for _, ids in hist]
+    _, build_s, growth = measured_build(lambda: warm_suffix_proposer(proposer, history))
     lane = Lane("suffix", work, batch, lambda sampled: proposer.propose(k, batch, sampled), start)
     return Side(lane, build_s, growth, lambda: None)
 
@@ -380,4 +347,4 @@ def run(plan: Plan, progress: Progress = lambda what, n: None) -> dict:
     return report
 
 
-__all__ = ["Plan", "make_plan", "measure_point", "rss_bytes", "run"]
+__all__ = ["Plan", "make_plan", "measure_point", "run"]

@@ -13,11 +13,10 @@ history alone give: a reference for the other lanes, not a proposer.
 
 from __future__ import annotations
 
-import time
-
 from pipeline.bench import drafter_workload as wl
-from pipeline.bench.drafter import Side, release_free_heap, rss_bytes
+from pipeline.bench.drafter import Side
 from pipeline.bench.drafter_sim import InputBatch, Lane
+from pipeline.bench.process_memory import measured_build
 from pipeline.drafting.inputs import DrafterConfig
 from pipeline.drafting.prompt_state import HistoryEntry, PromptState
 from pipeline.drafting.suffix_tree import SuffixTree, match_needed
@@ -52,13 +51,7 @@ def build_floor(work: wl.Workload, batch: InputBatch, k: int, max_model_len: int
                 start: int) -> Side:
     """The floor lane on `work` (`pipeline.bench.drafter`'s builders' signature)."""
     cfg = DrafterConfig.for_method("history+group")
-    release_free_heap()
-    before = rss_bytes()
-    t0 = time.perf_counter()
-    trees = floor_trees(work, cfg)
-    build_s = time.perf_counter() - t0
-    release_free_heap()
-    growth = rss_bytes() - before
+    trees, build_s, growth = measured_build(lambda: floor_trees(work, cfg))
     lane = Lane("floor", work, batch, floor_proposer(trees, work, batch, k, cfg), start)
     return Side(lane, build_s, growth, trees.clear)
 
