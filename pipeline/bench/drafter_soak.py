@@ -76,7 +76,8 @@ def soak(plan: Plan, steps: int, progress: Progress) -> dict:
         index.build(run_dir, model, epochs)
         spec = SpecConfig(method="history+group", num_speculative_tokens=plan.k,
                           history_epochs=epochs)
-        drafting = Drafting(simulated_runner(spec, None, max_model_len), spec)
+        runner = simulated_runner(spec, None, max_model_len)  # each step gets its batch
+        drafting = Drafting(runner, spec)
         drafting.use_run(run_dir)
         release_free_heap()
         base = rss_bytes()

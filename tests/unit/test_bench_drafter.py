@@ -106,3 +106,16 @@ def test_the_floor_lane_reports_one_bare_query_per_row(capsys, tmp_path):
     assert floor["passes"] == 6 and floor["per_pass_ms"]["median"] > 0
     # history alone drafts for this rhyming workload, never more than k tokens a row
     assert 0 < floor["drafted_per_pass"] <= 8 * 16 and floor["tau"] > 1.0
+
+
+def test_a_small_soak_runs_every_step_from_history_on_disk(capsys, tmp_path):
+    code, out, err = run_cli(capsys, "bench", "drafter", "--soak", "3", "--live", "16",
+                             "--group", "4", "--mean-len", "64", "--vocab", "3000",
+                             "--passes", "3", "--json", "--out", str(tmp_path))
+    assert code == 0, err
+    report = json.loads(out)
+    assert [r["step"] for r in report["steps"]] == [0, 1, 2]
+    # every step drafts from the history the run directory holds for its fresh prompts
+    assert all(r["history_prompts"] == 4 and r["history_tokens"] > 0 and r["tau"] > 1.0
+               for r in report["steps"])
+    assert report["workload"]["steps"] == 3
