@@ -127,6 +127,13 @@ class GroupDrafter:
         self._bg.submit(lambda: self._table.prepare_steps(list(dict.fromkeys(keys)), retained,
                                                           history))
 
+    def park_history(self, keys: Sequence[str], history: HistoryLookup) -> None:
+        """Prompts `keys` (not held) got new history: its newest responses enter the
+        global tree, in the background (`PromptTable.park_history_steps`)."""
+        self._bg.wait()
+        keys = list(dict.fromkeys(keys))
+        self._bg.submit(lambda: self._table.park_history_steps(keys, history))
+
     def history_prompts(self) -> int:
         """Prompts the drafter holds history for (freed ones excepted)."""
         self._bg.wait()

@@ -147,6 +147,26 @@ class PromptTable:
         self.evict()
         yield from self.bury()
 
+    def park_history_steps(self, keys: list[str], history: HistoryLookup):
+        """History of prompts not held (a step's own, remembered after `prepare_steps`
+        freed them): only the share that enters the global tree is kept, as freeing would
+        keep it, so that prompts without history of their own draft from it before these
+        come back (in a run's first epoch, every prompt). Held prompts are left alone."""
+        if not (self.config.use_global and self.config.use_history):
+            return
+        keys = [k for k in keys if k not in self.prompts or self.prompts[k].parked]
+        found = history(keys) if keys else {}
+        yield
+        for key in keys:
+            if key not in found:
+                continue
+            yield from self.history_steps(key, found[key])
+            p = self.prompts[key]
+            p.history = [h for h in p.history if h.global_seqs]  # the rest: in the history window
+            p.parked = True
+            if not p.history:
+                del self.prompts[key]
+
     def retain_steps(self, keep: set[str]):
         """Free every prompt but `keep` and those with live requests: its tree, and its
         history but the responses the global tree holds (bounded by that tree's cap;

@@ -211,6 +211,11 @@ class Drafting:
         again = [ids for key, ids in self._loaded.items() if key in touched]
         if again:
             self.drafter.prepare(again, self._lookup, keep=set(self._loaded))
+        # the others (a step's own prompts, freed by `prepare` for the next one): their
+        # newest responses go to the global tree, which drafts for prompts without history
+        parked = [key for key in touched if key not in self._loaded]
+        if parked:
+            self.drafter.park_history(parked, self._lookup)
 
     def load_history(self, responses: dict) -> int:
         """Add a history index's rows (`HistoryIndex.responses()`: prompt hash ->
