@@ -188,3 +188,4 @@ def _render(results, workers: int, title: str) -> None:
 
 from rhymectl import cmd_bench_e2e  # noqa: E402,F401 — registers `bench e2e` on bench_app
 from rhymectl import cmd_bench_drafter  # noqa: E402,F401 — registers `bench drafter`
+from rhymectl import cmd_bench_replay  # noqa: E402,F401 — registers `bench replay`

@@ -100,10 +100,12 @@ Propose = Callable[[list[list[int]]], Sequence[Sequence[int]]]
 class Lane:
     """One proposer driven through one step of `work` from output token `start` on.
 
-    propose(sampled) -> drafts per row; it reads `batch` as the runner left it."""
+    propose(sampled) -> drafts per row; it reads `batch` as the runner left it. Request ids
+    are `{id_prefix}{prompt}:{sample}` (a proposer that lives across steps needs each
+    step's ids new, as vLLM's are)."""
 
     def __init__(self, name: str, work: Workload, batch: InputBatch, propose: Propose,
-                 start: int):
+                 start: int, id_prefix: str = ""):
         self.name = name
         self.batch = batch
         self.propose = propose
@@ -114,7 +116,7 @@ class Lane:
         self.draft: dict[str, list[int]] = {}
         for p, prompt in enumerate(work.prompts):
             for j, planned in enumerate(work.planned[p]):
-                req_id = f"{p}:{j}"
+                req_id = f"{id_prefix}{p}:{j}"
                 batch.add(req_id, prompt)
                 self.plan[req_id] = planned.tolist()
                 self.length[req_id] = work.lengths[p][j]

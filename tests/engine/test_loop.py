@@ -84,6 +84,26 @@ def test_two_steps_record_metrics_history_and_checkpoints(uninterrupted):
     assert (policy / "model.safetensors").is_file() and (policy / "tokenizer.json").is_file()
 
 
+def test_a_replay_counts_the_critical_path_the_engine_took(uninterrupted, capsys):
+    """`bench replay` drafts the run's recorded responses again with the run's own method
+    and drafter settings: every step's critical path is the one the real engine's pass
+    meter logged (every request of a step here starts in its first pass, as replayed)."""
+    from rhymectl.app import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "replay", str(uninterrupted), "--methods", "suffix,history+group",
+              "--from-step", "0", "--json"])
+    assert info.value.code in (0, None)
+    result = json.loads(capsys.readouterr().out)
+    engine = [r["spec_critical_passes"] for r in metrics(uninterrupted)]
+    replayed = result["methods"]["history+group"]["steps"]
+    longest = [max(r["length"] for r in history(uninterrupted, s)) for s in (0, 1)]
+    assert result["methods"]["none"]["steps"] == longest
+    assert len(replayed) == len(engine) == 2
+    assert replayed == engine
+    assert (uninterrupted / "report" / "bench-replay.png").is_file()
+
+
 def test_training_changes_the_policy(uninterrupted, tiny_model):
     from safetensors.torch import load_file
 
