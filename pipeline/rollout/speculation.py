@@ -207,13 +207,15 @@ class Drafting:
         history the drafter holds get it in the background."""
         from pipeline.history.window import rows_of_records
 
-        touched = self.history.add(rows_of_records(records))
+        rows = rows_of_records(records)
+        touched = self.history.add(rows)
         again = [ids for key, ids in self._loaded.items() if key in touched]
         if again:
             self.drafter.prepare(again, self._lookup, keep=set(self._loaded))
         # the others (a step's own prompts, freed by `prepare` for the next one): their
         # newest responses go to the global tree, which drafts for prompts without history
-        parked = [key for key in touched if key not in self._loaded]
+        # (in the records' order: the global tree's FIFO, and so its drafts, follow it)
+        parked = [key for key in dict.fromkeys(r.key for r in rows) if key not in self._loaded]
         if parked:
             self.drafter.park_history(parked, self._lookup)
 
