@@ -51,7 +51,11 @@ requeue() {
 }
 trap requeue USR1
 
-srun --kill-on-bad-exit=1 python -m pipeline.loop.torchrun \
+# From Slurm 22.05 srun no longer inherits sbatch's --cpus-per-task: without asking again,
+# every rank of a node (engine loop, tokenisers, drafter threads, ZeRO-3 hooks) shares one CPU.
+CPUS=()
+if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then CPUS=(--cpus-per-task="$SLURM_CPUS_PER_TASK"); fi
+srun --kill-on-bad-exit=1 "${CPUS[@]}" python -m pipeline.loop.torchrun \
   --nnodes="$SLURM_NNODES" --nproc_per_node="$GPUS" \
   --rdzv_id="$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}" --rdzv_backend=c10d \
   --rdzv_endpoint="$HEAD:$RDZV_PORT" \

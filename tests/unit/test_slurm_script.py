@@ -53,7 +53,8 @@ def slurm(tmp_path):
     (venv / "activate").write_text(f'export VIRTUAL_ENV="{tmp_path}/.venv" PATH="{stubs}:$PATH"\n')
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "STUB_DIR": str(stubs),
            "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_JOB_ID": "4242", "SLURM_NNODES": "2",
-           "SLURM_JOB_NODELIST": "gpu-a[17-18]", "SLURM_GPUS_ON_NODE": "4"}
+           "SLURM_JOB_NODELIST": "gpu-a[17-18]", "SLURM_GPUS_ON_NODE": "4",
+           "SLURM_CPUS_PER_TASK": "64"}
     return env, stubs
 
 
@@ -80,7 +81,7 @@ def test_one_torchrun_per_node_with_the_gpus_slurm_granted(slurm):
         "--nnodes", "2", "--dry-run"]
     args = lines(stubs / "srun.args")
     assert args == [
-        "--kill-on-bad-exit=1", "python", "-m", "pipeline.loop.torchrun",
+        "--kill-on-bad-exit=1", "--cpus-per-task=64", "python", "-m", "pipeline.loop.torchrun",
         "--nnodes=2", "--nproc_per_node=4", "--rdzv_id=4242-0", "--rdzv_backend=c10d",
         "--rdzv_endpoint=gpu-a17:29500",
         "-m", "rhymectl", "train", "sample_configs/gpu-7b.yaml", "rollout.n=4", "--resume"]
@@ -112,6 +113,21 @@ def test_gpus_from_slurm_gpus_per_node_and_a_requeued_rendezvous(slurm):
     assert "--nproc_per_node=8" in args and "--rdzv_id=4242-3" in args
     assert "--rdzv_endpoint=gpu-a17:29611" in args
     assert lines(stubs / "rhymectl.args")[-5:] == ["--nproc", "8", "--nnodes", "2", "--dry-run"]
+
+
+def test_srun_asks_for_the_jobs_cpus_per_task(slurm):
+    """Slurm 22.05 and later: srun does not inherit sbatch's --cpus-per-task (the variable
+    SLURM_CPUS_PER_TASK is set, but the step gets one CPU per task), so every rank of a node,
+    with its engine loop, tokenisers, drafter threads and ZeRO-3 hooks, would share one CPU.
+    The step asks for them again; a job that asked for none leaves srun's default."""
+    env, stubs = slurm
+    assert run(env, "c.yaml").returncode == 0
+    args = lines(stubs / "srun.args")
+    assert args[:args.index("python")] == ["--kill-on-bad-exit=1", "--cpus-per-task=64"]
+    env = {k: v for k, v in env.items() if k != "SLURM_CPUS_PER_TASK"}
+    assert run(env, "c.yaml").returncode == 0
+    args = lines(stubs / "srun.args")
+    assert args[:args.index("python")] == ["--kill-on-bad-exit=1"]
 
 
 def test_no_gpus_is_one_line_and_exit_2(slurm):
