@@ -53,8 +53,10 @@ def on_one_node() -> bool:
     return world == 1 or (local is not None and int(local) == world)
 
 
-def init() -> tuple[int, int]:
-    """Initialise the process group from torchrun's environment (or a 1-rank default)."""
+def init(timeout_min: float | None = None) -> tuple[int, int]:
+    """Initialise the process group from torchrun's environment (or a 1-rank default).
+    `timeout_min`: how long a collective waits (`run.dist_timeout_min`); None keeps torch's
+    default, for the benchmarks and tests that build a group without a run's config."""
     if not dist.is_initialized():
         if "RANK" not in os.environ:
             os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
@@ -62,7 +64,8 @@ def init() -> tuple[int, int]:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group(backend=backend)
+        timeout = {} if timeout_min is None else {"timeout": timedelta(minutes=timeout_min)}
+        dist.init_process_group(backend=backend, **timeout)
     return dist.get_rank(), dist.get_world_size()
 
 

@@ -221,6 +221,10 @@ class RunConfig:
     eval_every: int = non_negative(0)  # steps; 0 = before the first step and after the last only
     eval_n: int = non_negative(4)  # k samples per held-out prompt for mean@k; 0 = greedy only
     threads: int = non_negative(0)  # torch threads per rank; 0 = leave torch's default
+    # how long a collective waits for the slowest rank, minutes. torch's default (NCCL 10,
+    # gloo 30) is shorter than rank 0's file work at 7B scale (index, a 15 GB export,
+    # checkpoints on shared storage) while the others wait in a barrier
+    dist_timeout_min: float = positive(60.0)
     # metrics.jsonl is always written; console = the live view, tensorboard / wandb are extras
     loggers: tuple[Literal["jsonl", "console", "tensorboard", "wandb"], ...] = ("jsonl", "console")
     wandb_project: str = "rhymectl-grpo"

@@ -55,7 +55,7 @@ ViewFactory = Callable[[int, int], ContextManager[StepView]]
 
 
 def run(cfg: Config, resume: bool, force: bool, view: ViewFactory | None = None) -> dict:
-    rank, world = dist.init()
+    rank, world = dist.init(timeout_min=cfg.run.dist_timeout_min)
     rundir.check_run_dir(cfg, resume, force)  # every rank, before rank 0 writes anything
     lock = take_lock(cfg, rank)
     try:

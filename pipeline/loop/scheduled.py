@@ -45,7 +45,8 @@ class ScheduledRollout:
         if not placement.coordinated:
             raise ValueError(f"the {placement.name} policy runs locally, on each worker")
         self.tp = tp
-        self.tp_group = new_groups(tp)  # collective: every rank builds the subgroups
+        # collective: every rank builds the subgroups
+        self.tp_group = new_groups(tp, cfg.run.dist_timeout_min)
         self.placement = placement
         self.world = tp.groups  # rollout workers
         self.capacity = cfg.rollout.max_num_seqs

@@ -69,16 +69,20 @@ def check(tp: int, world: int, local_world: int, batch: int, mini_batch: int) ->
     return layout
 
 
-def new_groups(layout: TPLayout):
+def new_groups(layout: TPLayout, timeout_min: float):
     """This rank's torch.distributed subgroup (every rank calls this, in the same order);
-    None when T = 1. The rollout runtime broadcasts a group leader's decisions over it."""
+    None when T = 1. The rollout runtime broadcasts a group leader's decisions over it.
+    `timeout_min` as the world group's: a subgroup does not inherit it (torch falls back to
+    the backend's default, 10 minutes for NCCL)."""
     if layout.tp == 1:
         return None
+    from datetime import timedelta
+
     import torch.distributed as dist
 
     mine = None
     for g in range(layout.groups):
-        group = dist.new_group(layout.ranks(g))
+        group = dist.new_group(layout.ranks(g), timeout=timedelta(minutes=timeout_min))
         if dist.get_rank() in layout.ranks(g):
             mine = group
     return mine

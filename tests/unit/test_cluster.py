@@ -188,7 +188,7 @@ def test_scheduling_places_work_over_tp_groups(monkeypatch):
     from pipeline.loop.scheduled import ScheduledRollout
 
     # no process group here: no TP subgroups, no coordination store
-    monkeypatch.setattr(scheduled, "new_groups", lambda layout: None)
+    monkeypatch.setattr(scheduled, "new_groups", lambda layout, timeout_min: None)
     monkeypatch.setattr(scheduled, "CoordinationStore", lambda timeout_s: None)
     from pipeline.sched.registry import RolloutPlacement
 

@@ -204,6 +204,7 @@ RULES = {
     "run.eval_every": ("-1", "-1", NON_NEGATIVE),
     "run.eval_n": ("-1", "-1", NON_NEGATIVE),
     "run.threads": ("-2", "-2", NON_NEGATIVE),
+    "run.dist_timeout_min": ("0", "0.0", POSITIVE),
     "run.dir": ("runs/../x", "'runs/../x'",
                 "a directory path without '..' components (writes stay inside it)"),
     # literals

@@ -6,7 +6,7 @@ Rank 0 writes the outputs and group 0's plain greedy rollout as JSON."""
 import json
 import sys
 
-from pipeline.config.schema import ModelConfig, RolloutConfig, SchedConfig
+from pipeline.config.schema import ModelConfig, RolloutConfig, RunConfig, SchedConfig
 from pipeline import distributed as dist
 from pipeline.loop.tp_groups import TPLayout, new_groups
 from pipeline.rollout.engine import RolloutEngine, Sampling
@@ -22,7 +22,7 @@ def main(model: str, out: str) -> None:
 
     rank, world = dist.init()
     layout = TPLayout(world, 2)
-    group = new_groups(layout)
+    group = new_groups(layout, RunConfig().dist_timeout_min)
     engine = RolloutEngine(ModelConfig(path=model),
                            RolloutConfig(max_num_seqs=8, tensor_parallel_size=2), 256, seed=0)
     tok = AutoTokenizer.from_pretrained(model)
