@@ -11,6 +11,11 @@ so the result is the same as running the jobs inline, whatever the timing. With
 `enabled=False` jobs run inline at `submit` (the reference the bench compares against).
 An exception in a job is raised again by the next `wait()`.
 
+Reproducibility tests slow the thread down on purpose: `RHYMECTL_TEST_DRAFTER_DELAY_S`
+(seconds, off by default) makes the worker sleep a random time up to that before each step
+of a job, so that waits cut optional work at other points than in an undisturbed run.
+Drafts must not change (docs/speculation.md, "Reproducible speculation").
+
 A job may yield `OPTIONAL`: what follows only saves later work (a cache being filled),
 so `wait()` does not wait for it — it stops the job at its next step instead. Inline,
 the optional part runs in full.
@@ -19,6 +24,7 @@ the optional part runs in full.
 from __future__ import annotations
 
 import os
+import random
 import threading
 import time
 from collections import deque
@@ -26,6 +32,15 @@ from typing import Callable, Iterator
 
 Job = Callable[[], Iterator[None] | None]
 OPTIONAL = object()  # yielded by a job: the rest of it may be cut short by `wait()`
+DELAY_ENV = "RHYMECTL_TEST_DRAFTER_DELAY_S"  # a test hook: random sleeps in the thread
+
+
+def delay_hook_s() -> float:
+    """The most seconds the worker sleeps before a job's step (0: the hook is off)."""
+    try:
+        return max(0.0, float(os.environ.get(DELAY_ENV, "0") or 0))
+    except ValueError:
+        return 0.0
 
 
 class Background:
@@ -44,6 +59,8 @@ class Background:
         self._closed = False
         self._cut = False  # a waiter asks the running job to stop at its optional part
         self._pid = os.getpid()
+        self._delay_s = delay_hook_s()
+        self._rng = random.Random()  # the hook's timing noise; never seeds a draft
 
     def _after_fork(self) -> None:
         """A forked child has no worker thread: queued jobs run inline from now on."""
@@ -126,10 +143,11 @@ class Background:
                         if optional and self._cut:
                             steps.close()
                             break
-                        time.sleep(0)  # let a waiting thread take the GIL
+                        time.sleep(self._rng.uniform(0, self._delay_s) if self._delay_s
+                                   else 0)  # let a waiting thread take the GIL
         finally:
             self.busy_s += time.perf_counter() - t0
             self.busy_cpu_s += time.thread_time() - c0
 
 
-__all__ = ["Background", "Job", "OPTIONAL"]
+__all__ = ["Background", "DELAY_ENV", "Job", "OPTIONAL", "delay_hook_s"]

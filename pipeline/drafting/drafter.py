@@ -321,14 +321,15 @@ class GroupDrafter:
             p = prompts[req.key]
             tree = p.tree
             context = req.context()
+            chain = bool(always or req.sure())
             pre = req.presumed
-            if pre is not None and pre[0] == cap and pre[2] == context and \
-                    pre[1] == (tree.version, global_tree.version,
-                               -1 if req.own is None else req.own.version):
+            if pre is not None and pre[0] == cap and pre[5] == chain and pre[2] == context \
+                    and pre[1] == (tree.version, global_tree.version,
+                                   -1 if req.own is None else req.own.version):
                 best, source = pre[3], pre[4]  # worked out after the last pass, trees unchanged
                 self.presumed_hits += 1
             else:
-                best, source = choose.best(req, p, tree, cap, context, always or req.sure())
+                best, source = choose.best(req, p, tree, cap, context, chain)
             req.sent, req.presumed = (best.token_ids, cap, best.score), None
             if best.token_ids:
                 self._drafts += 1

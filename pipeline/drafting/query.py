@@ -122,7 +122,9 @@ class DraftChooser:
         its last draft accepted whole, then their most likely next token — at the same
         cap (`GroupDrafter.after_pass(presume=True)`), one request a step, the surest
         drafts first (the ones most likely accepted whole, and asked of long matches: the
-        costliest queries); requests that got no draft last. Kept in `req.presumed`."""
+        costliest queries); requests that got no draft last. Kept in `req.presumed` with
+        the chain flag it was worked out for: a presumed draft is served only where a
+        fresh query would chain the same way, so it is always the draft that query gives."""
         cfg = self.config
         args = (1, 0.0, cfg.max_spec_factor, cfg.max_spec_offset)
         order = sorted((r for r in running if r.sent is not None), key=lambda r: -r.sent[2])
@@ -138,8 +140,13 @@ class DraftChooser:
                 guess = req.own.speculate(context[-GUESS_CONTEXT:], *args)
             if guess.token_ids:
                 context = (context + guess.token_ids)[-req.keep:]  # and the next token
-                best, source = self.best(req, p, tree, cap, context, True)
-                req.presumed = (cap, self.versions(req, tree), context, best, source)
+                # whether the next pass chains this draft: its last draft accepted whole
+                # makes it `sure` when that draft had tokens; a pass that chains every draft
+                # (thin, or the request among the longest) is known only then, so the flag
+                # is checked against the pass's own before the presumed draft is used
+                chain = bool(tokens)
+                best, source = self.best(req, p, tree, cap, context, chain)
+                req.presumed = (cap, self.versions(req, tree), context, best, source, chain)
             yield
 
 
