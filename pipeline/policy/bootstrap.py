@@ -79,9 +79,16 @@ def check_target(out: Path, spec: BuildSpec, force: bool) -> None:
         raise UsageError(f"--out {out} holds files that init-model did not write (no {MANIFEST}); "
                          f"give a new or empty folder")
     if not force:
-        what = f"family {built['family']}" if "family" in built else f"task {built.get('task')}"
-        raise UsageError(f"--out {out} holds a model built with other settings ({what}, seed "
-                         f"{built.get('seed')}); pass --force to replace it, or give another folder")
+        raise UsageError(f"--out {out} holds a model built with other settings "
+                         f"({built_settings(built)}); pass --force to replace it, or give another folder")
+
+
+def built_settings(built: dict) -> str:
+    """What a manifest says a model was built from, in a few words."""
+    if "gguf" in built:
+        return f"from {built['gguf']}, {built.get('dtype')}"
+    what = f"family {built['family']}" if "family" in built else f"task {built.get('task')}"
+    return f"{what}, seed {built.get('seed')}"
 
 
 def held_out_rows(task_name: str, seed: int, n: int, exclude_ids: set[str]) -> list[dict]:
