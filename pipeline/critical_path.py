@@ -10,8 +10,9 @@ of one rollout into those counts. Pure arithmetic, no vLLM (the log is recorded 
 A `PassLog`, passes in order (index p from 0):
 
     tokens[p]          scheduled tokens of pass p
-    running[p]         requests scheduled in pass p
-    new[p]             of them, requests in their first (prefill) pass
+    running[p]         requests scheduled in pass p that emit tokens (not the parts of a
+                       prompt that chunked prefill computes before its last)
+    new[p]             of them, requests emitting their first token (their prefill)
     outputs_before[p]  output tokens those requests held before pass p (0 for new ones)
 
 and per request r: finish[r] (the pass it finished in), passes[r] (passes it was scheduled

@@ -15,6 +15,15 @@ From the counts, for `n` requests that generated `g` tokens in all:
                                                         each request emits its first token)
     accept_rate       = (g - n - decode seq-passes) / draft tokens verified
 
+A prefill pair is any pass of a request before it decodes: each part of a prompt that
+chunked prefill splits over several passes (the last part emits the first token), and
+each part but the last of a preempted request's recomputation (prompt and output so far,
+after which it emits a token again, as a decode pass does). Which one a row is, vLLM's
+scheduler decides by the rule its `_update_after_schedule` applies: a row whose computed
+tokens, with this pass's, stay below its prompt plus the output it already holds
+(`num_computed_tokens`, `num_output_tokens` of `scheduled_cached_reqs`) emits nothing. A
+new request's prompt length comes with it (`scheduled_new_reqs`), and is kept.
+
 Pass time is the wall time from one pass's start to the next one's (or to `stop`), so it
 includes scheduling, sampling and drafting: what a pass really costs.
 
@@ -23,7 +32,7 @@ scheduled and the output tokens they held before it (`scheduled_cached_reqs.
 num_output_tokens`), and each request its first and last pass, at a cost per request, not
 per request and pass (this runs in every training step):
 
-- first pass: the pass that lists it in `scheduled_new_reqs`;
+- first pass: the pass that emits its first token (the last part of its prompt);
 - last pass: vLLM reports a finished request in the next pass's `finished_req_ids`; it
   finished in the pass before, or two before where it was not scheduled there (async
   scheduling, vLLM's default without speculation on a GPU, schedules the next pass before
@@ -31,7 +40,10 @@ per request and pass (this runs in every training step):
   then counted to that pass). Requests not reported by the end ran until the last pass;
 - passes: last - first + 1. Exact when no request skipped a pass (the sum over requests
   then equals the scheduled (request, pass) pairs); after a preemption or a token-budget
-  deferral it is the span, an upper bound (`PassCounts.spans_exact` says which).
+  deferral it is the span, an upper bound (`PassCounts.spans_exact` says which);
+- passes that emit nothing (prompt parts before the last) are not in the pass's requests
+  (`pass_running`), so the critical path counts each request's passes as a whole-prompt
+  prefill would have, and the passes themselves still count.
 
 `PassCounts.pass_log` turns these into a `PassLog` after the rollout, joining vLLM's
 internal request ids to the callers' ids (`pipeline.rollout.request_id.caller_id`).
@@ -53,13 +65,14 @@ class PassCounts:
     passes: int = 0
     scheduled_tokens: int = 0
     seq_passes: int = 0  # (request, pass) pairs
-    prefill_seq_passes: int = 0  # pairs that were a request's first (prefill) pass
+    prefill_seq_passes: int = 0  # pairs of a request's prefill (every part; see above)
+    silent_seq_passes: int = 0  # of them, pairs that emitted nothing (parts before the last)
     draft_tokens: int = 0  # draft tokens scheduled for verification
     draft_seconds: float = 0.0  # inside propose_draft_token_ids
     seconds: float = 0.0  # first pass start .. stop
     samples: list = field(default_factory=list)  # (scheduled tokens, seconds, had prefill)
-    # per pass, in order: requests scheduled, how many were new (prefill), the output
-    # tokens they held before the pass
+    # per pass, in order: requests scheduled that emit tokens, how many of them emit
+    # their first token, the output tokens of the scheduled requests before the pass
     pass_running: list = field(default_factory=list)
     pass_new: list = field(default_factory=list)
     pass_outputs_before: list = field(default_factory=list)
@@ -72,7 +85,7 @@ class PassCounts:
         """Whether every request ran in every pass from its first to its last (see the
         module docstring): then its span is its pass count."""
         spans = sum(self.request_finish[r] - p + 1 for r, p in self.request_first.items())
-        return spans == self.seq_passes
+        return spans == self.seq_passes - self.silent_seq_passes
 
     def tau(self, generated: int, requests: int) -> float:
         return costs.tau(generated - requests, self.seq_passes - self.prefill_seq_passes)
@@ -109,6 +122,7 @@ class PassMeter:
         self._last: tuple[float, int, bool] | None = None  # start, tokens, prefill of the last pass
         self._first: float | None = None
         self._previous: dict = {}  # the last pass's scheduled requests (id -> tokens)
+        self._prompt_lens: dict = {}  # request -> prompt tokens, from its first scheduling
         # called with (scheduled tokens, seconds, had prefill) as each pass closes
         self.listener = None
         execute, propose = runner.execute_model, runner.propose_draft_token_ids
@@ -130,6 +144,7 @@ class PassMeter:
 
     def start(self) -> None:
         self._counts, self._last, self._first, self._previous = PassCounts(), None, None, {}
+        self._prompt_lens = {}
 
     def stop(self) -> PassCounts:
         counts, now = self._counts, time.perf_counter()
@@ -140,7 +155,7 @@ class PassMeter:
         last = counts.passes - 1
         for rid in counts.request_first:
             counts.request_finish.setdefault(rid, last)  # not reported: ran to the end
-        self._counts, self._previous = None, {}
+        self._counts, self._previous, self._prompt_lens = None, {}, {}
         return counts
 
     def _on_pass(self, so) -> None:
@@ -156,21 +171,49 @@ class PassMeter:
         if self._first is None:
             self._first = now
         scheduled = getattr(so, "num_scheduled_tokens", {}) or {}
-        new = getattr(so, "scheduled_new_reqs", ()) or ()
+        silent, first = self._prefill_rows(so, scheduled)
         c.passes += 1
         c.scheduled_tokens += total
         c.seq_passes += len(scheduled)
-        c.prefill_seq_passes += len(new)
-        c.pass_running.append(len(scheduled))
-        c.pass_new.append(len(new))
+        c.prefill_seq_passes += len(silent) + len(first)
+        c.silent_seq_passes += len(silent)
+        c.pass_running.append(len(scheduled) - len(silent))
+        c.pass_new.append(len(first))
         cached = getattr(so, "scheduled_cached_reqs", None)
         c.pass_outputs_before.append(sum(getattr(cached, "num_output_tokens", ()) or ()))
-        for r in new:
-            c.request_first[r.req_id] = c.passes - 1
+        for rid in first:
+            c.request_first.setdefault(rid, c.passes - 1)
         self._previous = scheduled
         c.draft_tokens += sum(len(v) for v in (getattr(so, "scheduled_spec_decode_tokens", {})
                                                 or {}).values())
-        self._last = (now, total, bool(new))
+        self._last = (now, total, bool(silent or first))
+
+    def _prefill_rows(self, so, scheduled: Mapping[str, int]) -> tuple[list, list]:
+        """This pass's rows that emit nothing (prompt or recomputation parts before the
+        last) and those that emit a request's first token (see the module docstring).
+
+        A row whose prompt length is unknown (fields missing, a request older than
+        `start`) counts as its request's first pass when new, else as a decode pass."""
+        silent, first = [], []
+        for r in getattr(so, "scheduled_new_reqs", ()) or ():
+            prompt = getattr(r, "prompt_token_ids", None)
+            if prompt is not None:
+                self._prompt_lens[r.req_id] = len(prompt)
+            done = getattr(r, "num_computed_tokens", 0) + scheduled.get(r.req_id, 0)
+            (silent if prompt is not None and done < len(prompt) else first).append(r.req_id)
+        cached = getattr(so, "scheduled_cached_reqs", None)
+        ids = getattr(cached, "req_ids", None) or ()
+        computed = getattr(cached, "num_computed_tokens", None) or ()
+        outputs = getattr(cached, "num_output_tokens", None) or ()
+        for rid, done, out in zip(ids, computed, outputs):
+            prompt = self._prompt_lens.get(rid)
+            if prompt is None:
+                continue
+            if done + scheduled.get(rid, 0) < prompt + out:  # vLLM's `is_prefill_chunk`
+                silent.append(rid)
+            elif out == 0:
+                first.append(rid)
+        return silent, first
 
     def _finished(self, c: PassCounts, finished) -> None:
         """Requests reported finished before the coming pass: their last pass is the
