@@ -16,11 +16,14 @@ Output: one line per check on stdout, in order, `PASS|FAIL|SKIP <check>: <detail
 per-phase figures and any traceback go to stderr. A check whose inputs failed is SKIP.
 Exit status: 0 no check failed, 1 one did, 2 a bad command line.
 
-DeepSpeed: imported when installed. Otherwise every wheel under --deepspeed-wheel (a .whl or
-a folder of them; default wheels/) is installed without its dependencies and without network
-(`pip install --no-deps --no-index --target` a temporary folder put on sys.path), so DeepSpeed
-and whichever of its requirements the machine lacks travel as wheels. The optimizer is
-torch's AdamW (`deepspeed.torch_adam`, the default), so no CUDA op is compiled.
+DeepSpeed: imported when installed. Otherwise the wheels under --deepspeed-wheel (a .whl or
+a folder of them; default wheels/) of DeepSpeed and of whichever of its requirements
+(requirements/gpu-check.txt: what `import deepspeed` loads beyond torch) the machine lacks
+are installed without their dependencies and without network (`pip install --no-deps
+--no-index --target` a temporary folder put on sys.path); a wheel of a distribution the
+machine has is not, so it cannot shadow the one its torch runs with. Every requirement that
+is neither installed nor there as a wheel is named at once. The optimizer is torch's AdamW
+(`deepspeed.torch_adam`, the default), so no CUDA op is compiled.
 """
 
 from __future__ import annotations
@@ -28,9 +31,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import importlib.metadata
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -48,6 +53,10 @@ GIB = 2 ** 30
 WALL_LIMIT_S = 480.0  # the device budget of one check run: 8 minutes
 MEMORY_TOLERANCE = 0.15  # |measured / planned - 1| at most
 TESTED_DEEPSPEED = "0.19.8"  # requirements/base.txt
+DEEPSPEED_NEEDS = ROOT / "requirements" / "gpu-check.txt"
+WHEEL_COMMANDS = (f"pip wheel deepspeed=={TESTED_DEEPSPEED} --no-deps -w wheels/ and pip "
+                  f"download --only-binary=:all: --no-deps -d wheels/ -r "
+                  f"requirements/gpu-check.txt (docs/cluster.md, GPU check)")
 # The trainer's items of the memory plan's train phase (the rest is vLLM's and the CUDA
 # context's, which max_memory_allocated does not see or this run does not have).
 TRAINER_ITEMS = ("policy weights", "gradients", "optimizer states", "reference model",
@@ -192,6 +201,44 @@ def wheels(path: Path) -> list[Path]:
     return sorted(path.glob("*.whl")) if path.is_dir() else [path] if path.is_file() else []
 
 
+def canonical(name: str) -> str:
+    """A distribution's name as PEP 503 compares them (a wheel's file name uses _)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def wheel_distribution(wheel: Path) -> str:
+    return canonical(wheel.name.split("-")[0])
+
+
+def is_installed(name: str) -> bool:
+    try:
+        importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def deepspeed_needs() -> list[str]:
+    """DeepSpeed and what `import deepspeed` loads beyond torch: requirements/gpu-check.txt."""
+    names = [line.split("#")[0].split("==")[0].strip()
+             for line in DEEPSPEED_NEEDS.read_text().splitlines()]
+    return ["deepspeed"] + [canonical(n) for n in names if n]
+
+
+def lacking_wheels(found: list[Path], installed: Callable[[str], bool] = is_installed) -> list[str]:
+    """The distributions DeepSpeed needs that neither the machine nor `found` has, sorted."""
+    have = {wheel_distribution(p) for p in found}
+    return sorted(n for n in deepspeed_needs() if n not in have and not installed(n))
+
+
+def wheels_to_install(found: list[Path],
+                      installed: Callable[[str], bool] = is_installed) -> list[Path]:
+    """`found` less the wheels of distributions the machine has (numpy beside its torch):
+    put first on sys.path, they would replace those. DeepSpeed's own always goes in."""
+    return [p for p in found
+            if wheel_distribution(p) == "deepspeed" or not installed(wheel_distribution(p))]
+
+
 def install_wheels(found: list[Path], target: Path) -> None:
     """pip-install `found` into `target` with no dependencies and no index; on sys.path."""
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
@@ -214,17 +261,21 @@ def import_deepspeed(run: Run):
     found = wheels(source)
     if not found:
         raise Failed(f"DeepSpeed is not importable ({missing}) and {source} holds no wheel; on "
-                     f"a machine with network: pip wheel deepspeed=={TESTED_DEEPSPEED} "
-                     f"--no-deps -w wheels/")
-    install_wheels(found, run.tmp / "site")
+                     f"a machine with network: {WHEEL_COMMANDS}")
+    folder = source if source.is_dir() else source.parent
+    also = "" if source.is_dir() else f" and pass --deepspeed-wheel {folder}"
+    lacking = lacking_wheels(found)
+    if lacking:
+        raise Failed(f"DeepSpeed needs {', '.join(lacking)}, which this machine lacks and "
+                     f"{source} has no wheel of; put them in {folder}{also}: {WHEEL_COMMANDS}")
+    chosen = wheels_to_install(found)
+    install_wheels(chosen, run.tmp / "site")
     try:
         module = importlib.import_module("deepspeed")
     except ModuleNotFoundError as exc:
-        folder = source if source.is_dir() else source.parent
-        also = "" if source.is_dir() else f" and pass --deepspeed-wheel {folder}"
         raise Failed(f"DeepSpeed needs {exc.name!r}, which this machine lacks; put its wheel "
                      f"in {folder}{also} (docs/cluster.md, GPU check)") from None
-    run.deepspeed_from = f"from {', '.join(p.name for p in found)}"
+    run.deepspeed_from = f"from {', '.join(p.name for p in chosen)}"
     return module
 
 

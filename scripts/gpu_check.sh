@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Check the trainer half of the GPU path on one GPU, without vLLM (docs/cluster.md, "GPU check").
 #   scripts/gpu_check.sh [--smoke] [--deepspeed-wheel PATH]
+# Offline: a machine with torch and transformers needs nothing else but wheels/ holding
+# DeepSpeed and requirements/gpu-check.txt (what `import deepspeed` loads beyond torch).
 # The Python is $PYTHON, else the project's .venv, else python3; the checkout is importable
 # without installing it.
 set -euo pipefail
