@@ -18,6 +18,12 @@ workspace discarded; the runtime tag backed up to host memory); the CUDA graphs 
 outside those pools (`sleep_mode_offload_cudagraph` is off by default) and stay, as do the
 CUDA context and NCCL's buffers.
 
+Outside the share too: what a speculative pass's rejection sampler takes beyond vLLM's
+profile of it, which runs one draft per request (`_dummy_sampler_run` in
+`v1/worker/gpu_model_runner.py`) while a full pass verifies up to num_speculative_tokens per
+request, in fp32 rows of the vocabulary (`v1/sample/rejection_sampler.py`). vLLM allocates it
+after the KV cache has taken the rest of the share, so it adds to the rollout phase.
+
 The trainer follows DeepSpeed's ZeRO rules over the world size N: stage 1 partitions the
 optimizer states, stage 2 the gradients too, stage 3 the weights too. bf16 keeps fp32 master
 weights and Adam's two fp32 moments (12 bytes per parameter) and casts the gradients to fp32
@@ -29,6 +35,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
+from pipeline.config.methods import method
 from pipeline.config.schema import Config
 
 GIB = 2 ** 30
@@ -200,7 +207,7 @@ def build_plan(shape: ModelShape, cfg: Config, world_size: int, device_gib: Opti
     trainer = _trainer_items(shape, cfg, world_size)
     vllm_weights = DTYPE_BYTES[cfg.model.dtype] * shape.params / cfg.rollout.tensor_parallel_size
     items = (*trainer, *_vllm_items(cfg, device_gib, vllm_weights / GIB),
-             *_step_items(shape, cfg, world_size))
+             _sampler_item(shape, cfg), *_step_items(shape, cfg, world_size))
     notes = []
     if shape.model_type not in COUNTED_TYPES:
         notes.append(f"model_type {shape.model_type} is counted as a dense Llama-style decoder")
@@ -265,6 +272,43 @@ def _vllm_items(cfg: Config, device_gib: Optional[float], weights: float) -> tup
              f"GiB), outside vLLM's share"))
 
 
+def draft_positions(cfg: Config) -> int:
+    """The most draft tokens one pass verifies: rollout.max_num_seqs requests with
+    spec.num_speculative_tokens each; a thin pass (rhymectl's drafters) drafts longer but
+    schedules at most spec.thin_pass_tokens tokens in all. 0 without speculation."""
+    spec, rows = cfg.spec, cfg.rollout.max_num_seqs
+    if spec.method == "none":
+        return 0
+    full = rows * spec.num_speculative_tokens
+    thin = method(spec.method).drafter and spec.thin_draft_tokens > spec.num_speculative_tokens
+    return max(full, spec.thin_pass_tokens) if thin else full
+
+
+def _sampler_item(shape: ModelShape, cfg: Config) -> Item:
+    """The rejection sampler's working set beyond vLLM's profile of it, GiB.
+
+    For T draft positions of B = rollout.max_num_seqs requests, its peak holds these fp32
+    [., vocab] tensors: the target logits, the clone the logits processors change and the
+    softmax (3 T) with two [B, vocab] exponential tensors (recovered tokens), or, on a step
+    that asks for log-probs (rollout.logprob_check_every), the first two with the final
+    logits, the accepted logits and their log-softmax (2 T + 3 (T + B)); and the pass's
+    logits in the model's dtype, T + B rows. The profile had one draft per request: 5 B fp32
+    rows and 2 B logits rows."""
+    t, rows = draft_positions(cfg), cfg.rollout.max_num_seqs
+    if not t:
+        return Item("rejection sampler", 0.0, 0.0, "spec.method none: no drafts to verify")
+    checks = cfg.rollout.logprob_check_every > 0
+    fp32_rows = (5 * t + 3 * rows if checks else 3 * t + 2 * rows) - 5 * rows
+    logits_rows = t - rows
+    gib = (4 * fp32_rows + DTYPE_BYTES[cfg.model.dtype] * logits_rows) * shape.vocab / GIB
+    copies = ("5 fp32 copies on log-prob-check steps (rollout.logprob_check_every)" if checks
+              else "3 fp32 copies")
+    return Item("rejection sampler", gib, 0.0,
+                f"{rows} sequences x {cfg.spec.num_speculative_tokens} draft tokens "
+                f"({t} positions) x vocab {shape.vocab}: {copies} and the pass's "
+                f"{cfg.model.dtype} logits, beyond vLLM's one-draft profile; outside its share")
+
+
 def _step_items(shape: ModelShape, cfg: Config, n: int) -> tuple[Item, ...]:
     """What one micro-batch's forward and backward add: activations, logits, ZeRO buffers."""
     w, stage, checkpointed = (2 if cfg.deepspeed.bf16 else 4, cfg.deepspeed.zero_stage,
@@ -313,10 +357,15 @@ def _problems(plan: MemoryPlan, cfg: Config, vllm_weights: float) -> list[str]:
                    f"{device:.1f} GiB GPU; set model.dtype: bfloat16 or raise "
                    f"rollout.tensor_parallel_size (now {r.tensor_parallel_size})")
     elif share <= vllm_weights:
+        most, left = fitting_utilization(plan), device - (plan.peak("rollout") - share)
+        room = (f"but not above {most:.2f} (the trainer's states, the rejection sampler and "
+                f"the CUDA context take the rest)" if most * device > vllm_weights else
+                f"but the trainer's states, the rejection sampler and the CUDA context leave "
+                f"it only {max(0.0, left):.1f} GiB")
         out.append(f"rollout.gpu_memory_utilization = {r.gpu_memory_utilization:g} gives vLLM "
                    f"{share:.1f} GiB of the {device:.1f} GiB GPU, less than its {vllm_weights:.1f} "
                    f"GiB of weights; raise it well above {vllm_weights / device:.2f} (the rest is "
-                   f"its KV cache)")
+                   f"its KV cache) {room}")
     phase, peak = plan.peak_phase
     if peak > device:
         items = sorted((i for i in plan.items if getattr(i, phase) > 0),
@@ -328,13 +377,20 @@ def _problems(plan: MemoryPlan, cfg: Config, vllm_weights: float) -> list[str]:
     return out
 
 
+def fitting_utilization(plan: MemoryPlan) -> float:
+    """The largest rollout.gpu_memory_utilization (two decimals, rounded down) whose rollout
+    phase fits the device beside every other item of it: the trainer's states, the
+    rejection sampler, the CUDA context."""
+    others = plan.peak("rollout") - plan.vllm_fraction * plan.device_gib
+    return int(100 * (plan.device_gib - others) / plan.device_gib) / 100
+
+
 def _remedies(plan: MemoryPlan, cfg: Config, phase: str, items: list[Item],
               vllm_weights: float) -> list[str]:
     """What to change, for the largest items of the phase first."""
     t, stage = cfg.train, cfg.deepspeed.zero_stage
-    device, util = plan.device_gib, cfg.rollout.gpu_memory_utilization
-    others = plan.peak("rollout") - util * device if phase == "rollout" else 0.0
-    fitting_util = int(100 * (device - others) / device) / 100
+    device = plan.device_gib
+    fitting_util = fitting_utilization(plan)
     if plan.world_size == 1:  # nothing to partition over
         states = ["run more ranks (--nproc) with deepspeed.zero_stage 3"]
     elif stage < 3:
@@ -351,6 +407,9 @@ def _remedies(plan: MemoryPlan, cfg: Config, phase: str, items: list[Item],
         "reference model": states,
         "vLLM awake": ([f"lower rollout.gpu_memory_utilization to {fitting_util:.2f}"]
                        if fitting_util * device > vllm_weights else []),
+        "rejection sampler": [f"lower spec.num_speculative_tokens (now "
+                              f"{cfg.spec.num_speculative_tokens})",
+                              f"lower rollout.max_num_seqs (now {cfg.rollout.max_num_seqs})"],
     }
     out: list[str] = []
     for item in items[:3]:  # the largest, as the refusal names them

@@ -232,10 +232,11 @@ def test_importing_deepspeed_for_the_estimate_prints_nothing():
 
 def test_the_sample_7b_config_fits_8_x_80_gib_only_with_gradient_checkpointing():
     """Without gradient checkpointing, 8 x 5120-token sequences keep 28 layers of
-    activations: about 258 GiB. With it (as gpu-7b.yaml sets) it fits with 14 GiB to
+    activations: about 258 GiB. With it (as gpu-7b.yaml sets) it fits with 2 GiB to
     spare: the rollout phase is vLLM's 0.6 x 80 = 48 GiB + the trainer's states (weights 1.8,
     gradient buffer 1.8, optimizer 10.6, reference model 1.8, reduce bucket 0.9) + context
-    1.0 = 65.9 GiB; the train phase is as large (activations 17.7 and logits 23.7 GiB)."""
+    1.0 + the rejection sampler 12.0 = 77.9 GiB; the train phase is 65.9 GiB (activations
+    17.7 and logits 23.7 GiB)."""
     shape = qwen7b()
     without = build_plan(shape, load_config(GPU_7B, ["train.gradient_checkpointing=false"]),
                          8, 80.0)
@@ -249,21 +250,95 @@ def test_the_sample_7b_config_fits_8_x_80_gib_only_with_gradient_checkpointing()
     fixed = build_plan(shape, load_config(GPU_7B), 8, 80.0)
     assert fixed.fits and fixed.problems == ()
     p = shape.params / GIB
-    rollout = 48 + (2 + 2 + 12 + 2) * p / 8 + 2 * REDUCE_BUCKET / GIB + CONTEXT_GIB
+    rollout = (48 + (2 + 2 + 12 + 2) * p / 8 + 2 * REDUCE_BUCKET / GIB + CONTEXT_GIB
+               + sampler_gib(512, 8, checks=True))
     assert fixed.peak("rollout") == pytest.approx(rollout)
-    assert round(fixed.peak("rollout"), 1) == 65.9 and round(fixed.peak("train"), 1) == 65.9
+    assert round(fixed.peak("rollout"), 1) == 77.9 and round(fixed.peak("train"), 1) == 65.9
     assert round(items(fixed)["activations"][1], 1) == 17.7
     assert round(items(fixed)["logits"][1], 1) == 23.7
     assert items(fixed)["vLLM asleep"] == (0.0, CUDA_GRAPHS_GIB)  # enforce_eager: false
+
+
+QWEN_VOCAB = 152064
+
+
+def sampler_gib(rows: int, drafts: int, checks: bool, vocab: int = QWEN_VOCAB) -> float:
+    """The rejection sampler beyond vLLM's profile, by hand (vllm/v1/sample/
+    rejection_sampler.py, gpu_model_runner._dummy_sampler_run): T = rows x drafts draft
+    positions. fp32 rows of the vocabulary alive at its peak: the target logits, the clone
+    the logits processors change and the softmax (3 T) with two [rows, V] Gumbel tensors,
+    or on log-prob-check steps the first two with the final logits, the accepted logits
+    and their log-softmax (2 T + 3 (T + rows)); the profile had 5 x rows of them (one
+    draft per request). The pass's bf16 logits hold T + rows rows, the profile's 2 x rows."""
+    t = rows * drafts
+    fp32 = (5 * t + 3 * rows if checks else 3 * t + 2 * rows) - 5 * rows
+    return (4 * fp32 + 2 * (t - rows)) * vocab / GIB
+
+
+def test_the_7b_plan_holds_the_rejection_samplers_working_set():
+    """vLLM sizes its KV cache after a profile that runs the rejection sampler with one
+    draft per request; a full pass of gpu-7b.yaml verifies up to 8 drafts for each of its
+    512 sequences, and every 10th step asks for log-probs: 12.0 GiB beyond the profile,
+    outside vLLM's share, in the rollout phase only."""
+    plan = build_plan(qwen7b(), load_config(GPU_7B), 8, 80.0)
+    sampler = items(plan)["rejection sampler"]
+    assert sampler == (pytest.approx(sampler_gib(512, 8, checks=True)), 0.0)
+    assert round(sampler[0], 1) == 12.0
+    assert plan.fits and round(plan.peak("rollout"), 1) == 77.9
+    basis = next(i.basis for i in plan.items if i.name == "rejection sampler")
+    assert "512 sequences x 8 draft tokens" in basis and "152064" in basis
+    # no log-prob checks: three fp32 copies; fewer rows or drafts scale it down
+    quiet = build_plan(qwen7b(), load_config(GPU_7B, ["rollout.logprob_check_every=0"]), 8, 80.0)
+    assert items(quiet)["rejection sampler"][0] == pytest.approx(sampler_gib(512, 8, False))
+    half = build_plan(qwen7b(), load_config(GPU_7B, ["rollout.max_num_seqs=256",
+                                                     "spec.num_speculative_tokens=4"]), 8, 80.0)
+    assert items(half)["rejection sampler"][0] == pytest.approx(sampler_gib(256, 4, True))
+    # a thin pass drafts longer (spec.thin_draft_tokens) but verifies at most
+    # spec.thin_pass_tokens in all: with few sequences that bounds the draft positions
+    few = build_plan(qwen7b(), load_config(GPU_7B, ["rollout.max_num_seqs=16"]), 8, 80.0)
+    assert items(few)["rejection sampler"][0] == pytest.approx(
+        (4 * (5 * 296 + 3 * 16 - 5 * 16) + 2 * (296 - 16)) * QWEN_VOCAB / GIB)
+    vllm_method = build_plan(qwen7b(), load_config(GPU_7B, ["spec.method=suffix",
+                                                            "rollout.max_num_seqs=16"]), 8, 80.0)
+    assert items(vllm_method)["rejection sampler"][0] == pytest.approx(sampler_gib(16, 8, True))
+    off = build_plan(qwen7b(), load_config(GPU_7B, ["spec.method=none"]), 8, 80.0)
+    assert items(off)["rejection sampler"] == (0.0, 0.0)
+
+
+def test_a_utilization_remedy_leaves_room_for_the_rejection_sampler():
+    """Lowering vLLM's share to the utilization the plan names fits, sampler included."""
+    cfg = load_config(GPU_7B, ["rollout.gpu_memory_utilization=0.9"])
+    (problem,) = build_plan(qwen7b(), cfg, 8, 80.0).problems
+    util = float(re.search(r"lower rollout.gpu_memory_utilization to ([\d.]+)", problem)[1])
+    assert util == 0.62
+    fixed = build_plan(qwen7b(), replace(cfg, rollout=replace(
+        cfg.rollout, gpu_memory_utilization=util)), 8, 80.0)
+    assert fixed.fits
+
+
+def test_the_utilization_a_too_small_share_is_told_not_to_exceed_fits():
+    cfg = load_config(GPU_7B, ["rollout.gpu_memory_utilization=0.1"])
+    (problem,) = build_plan(qwen7b(), cfg, 8, 80.0).problems
+    assert "but not above 0.62 (" in problem
+    for util in (0.62, 0.63):
+        raised = build_plan(qwen7b(), replace(cfg, rollout=replace(
+            cfg.rollout, gpu_memory_utilization=util)), 8, 80.0)
+        assert raised.fits is (util == 0.62)
+    # a GPU without room for the weights beside the rest: no utilization is named
+    small = build_plan(qwen7b(), cfg, 8, 32.0).problems[0]
+    assert small.endswith("(the rest is its KV cache) but the trainer's states, the rejection "
+                          "sampler and the CUDA context leave it only 2.1 GiB")
 
 
 def test_a_rollout_share_that_crowds_out_the_trainer_names_a_utilization_that_fits():
     cfg = load_config(GPU_7B, ["train.gradient_checkpointing=true",
                                "rollout.gpu_memory_utilization=0.9"])
     (problem,) = build_plan(qwen7b(), cfg, 8, 80.0).problems
-    assert problem.startswith("the memory plan needs 89.9 GiB per GPU in the rollout phase")
-    assert problem.endswith("to fit: lower rollout.gpu_memory_utilization to 0.77 or run on more "
-                            "GPUs (ZeRO-3 partitions the states over the ranks)")
+    assert problem.startswith("the memory plan needs 101.9 GiB per GPU in the rollout phase")
+    assert problem.endswith("(largest: vLLM awake 72.0, rejection sampler 12.0, optimizer "
+                            "states 10.6 GiB); to fit: lower rollout.gpu_memory_utilization to "
+                            "0.62, lower spec.num_speculative_tokens (now 8) or lower "
+                            "rollout.max_num_seqs (now 512)")
 
 
 def test_vllm_needs_room_for_its_weights():
@@ -271,7 +346,9 @@ def test_vllm_needs_room_for_its_weights():
                                "rollout.gpu_memory_utilization=0.1"])
     assert build_plan(qwen7b(), cfg, 8, 80.0).problems == (
         "rollout.gpu_memory_utilization = 0.1 gives vLLM 8.0 GiB of the 80.0 GiB GPU, less "
-        "than its 14.2 GiB of weights; raise it well above 0.18 (the rest is its KV cache)",)
+        "than its 14.2 GiB of weights; raise it well above 0.18 (the rest is its KV cache) "
+        "but not above 0.62 (the trainer's states, the rejection sampler and the CUDA "
+        "context take the rest)",)
     fp32 = load_config(GPU_7B, ["model.dtype=float32", "train.gradient_checkpointing=true"])
     assert build_plan(qwen7b(), fp32, 8, 24.0).problems[0] == (
         "vLLM's weights (28.4 GiB in float32) do not fit the 24.0 GiB GPU; set model.dtype: "
