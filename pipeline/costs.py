@@ -246,6 +246,19 @@ class PassCost:
         """The fitted curve's knots (tokens, seconds)."""
         return list(zip(self._xs, self._ys))
 
+    def state(self) -> dict:
+        """The samples, the count since the last refit and the curve (JSON-friendly)."""
+        return {"bins": {str(b): [list(xs), list(ts)] for b, (xs, ts) in self._bins.items()},
+                "pending": self._pending, "xs": list(self._xs), "ys": list(self._ys)}
+
+    def load_state(self, state: dict) -> None:
+        """Continue from `state()`: the same samples and the same curve."""
+        self._bins = {int(b): (deque(map(float, xs), maxlen=self.window),
+                               deque(map(float, ts), maxlen=self.window))
+                      for b, (xs, ts) in state["bins"].items()}
+        self._pending = int(state["pending"])
+        self._xs, self._ys = list(map(float, state["xs"])), list(map(float, state["ys"]))
+
     def seconds(self, tokens: float) -> float:
         """Predicted seconds of a pass with `tokens` scheduled tokens (0.0 while unknown)."""
         xs, ys = self._xs, self._ys

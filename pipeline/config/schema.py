@@ -118,8 +118,13 @@ class SpecConfig:
     # at most match length tokens), up to num_speculative_tokens, as SuffixDecoding does;
     # throughput: per-pass E/T with a fixed cost and per-request adaptive caps;
     # critical: shorten the step's critical path, per-token acceptance from the trees'
-    # path counts, online pass cost. Measured in docs/speculation.md.
+    # path counts, pass cost by spec.pass_cost. Measured in docs/speculation.md.
     budget: Literal["tree", "critical", "throughput"] = "tree"
+    # the pass cost the critical budget prices draft tokens with. fixed: one curve that
+    # no machine load moves (pipeline.costs.DRAFT_COST), so a seeded rerun drafts, and so
+    # samples, the same; online: refitted from the engine's measured pass seconds, which
+    # follow the machine's load (reruns then differ from their first step on)
+    pass_cost: Literal["fixed", "online"] = "fixed"
     # rhymectl's drafters. A pass is thin while it schedules at most thin_pass_tokens
     # tokens (running requests x (1 + cap)): a GPU runs it memory-bound, at about the same
     # cost whatever it verifies (296 is the ridge of the H100 7B roofline in

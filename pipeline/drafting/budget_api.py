@@ -16,7 +16,8 @@ The proposer drives every rule the same way, once per pass, in two stages:
 Then, per request, `observe(req_id, proposed, accepted)` when a kept draft was verified
 (`accepted` of its `proposed` tokens), and `forget(req_id)` when the request stopped; per
 pass, `observe_pass(tokens, seconds)` for each decode pass the engine measured.
-`calibration()` reports what a rule learned about acceptance (None when it learns nothing).
+`calibration()` reports what a rule learned about acceptance (None when it learns nothing);
+`state()` / `load_state()` carry what it learned through a checkpoint.
 A rule that keeps no evidence inherits the no-ops below.
 
 `fixed_caps`: the rule asks every request for the same number of tokens whatever happened
@@ -72,6 +73,15 @@ class Budget(Protocol):
     def calibration(self) -> dict | None:
         """What the rule learned about acceptance, for reports; None when nothing."""
         return None
+
+    def state(self) -> dict | None:
+        """Everything the rule learned that decides later drafts (JSON-friendly), saved
+        with a checkpoint so that `--resume` drafts as the uninterrupted run; None when
+        it learns nothing. Called between steps, when no request is running."""
+        return None
+
+    def load_state(self, state: dict) -> None:
+        """Continue from `state()` of a rule of the same kind and settings."""
 
 
 __all__ = ["Budget", "Remaining"]

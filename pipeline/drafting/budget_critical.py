@@ -33,6 +33,11 @@ Consequences, the properties the tests check:
   pass would get (c(x + K) - c(x)) / K, refined once after the first allocation.
 - With no measured pass yet, the cost is unknown and the budget drafts to the cap.
 
+The pass cost. `spec.pass_cost: fixed` (the default) prices passes with one line that no
+measurement moves (`fixed_pass_cost`: `pipeline.costs.DRAFT_COST`), so drafts follow the
+run's recorded state alone and a seeded rerun is the same run; `online` refits c(x) from
+the engine's pass meter (`observe_pass`), which follows the machine's load.
+
 The budget uses both stages of the `Budget` protocol to keep the drafter's cost where it
 pays: `ask` picks the requests whose first token could pay at the best calibrated rate
 (the others are not drafted at all) and `grant` trims the drafts to their paying prefix
@@ -50,9 +55,9 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from pipeline.config.schema import SpecConfig
-from pipeline.costs import PassCost
+from pipeline.costs import DRAFT_COST, CostModel, PassCost
 from pipeline.drafting.budget_api import Budget, Remaining
-from pipeline.drafting.calibration import Calibrator, conditional
+from pipeline.drafting.calibration import Calibrator, conditional, restore_state
 from pipeline.drafting.pass_caps import PassCaps
 from pipeline.drafting.suffix_tree import Draft
 
@@ -74,6 +79,18 @@ class CriticalConfig:
         if self.max_len < 1 or self.tau_prior < 1 or not 0 <= self.tau_decay < 1:
             raise ValueError(f"need max_len >= 1, tau_prior >= 1, 0 <= tau_decay < 1; got "
                              f"{self.max_len}, {self.tau_prior}, {self.tau_decay}")
+
+
+def fixed_pass_cost(model: CostModel = DRAFT_COST) -> PassCost:
+    """A pass-cost curve that no measurement moves (`spec.pass_cost: fixed`): `model`'s
+    line, through passes of 1 and 4,096 tokens. Only its shape decides drafts (the
+    marginal token against a tail pass), so a line measured on one machine serves as
+    a deterministic stand-in for any other's curve."""
+    cost = PassCost()
+    for tokens in (1, 4096):
+        cost.observe(tokens, model.pass_seconds(tokens))
+    cost.refit()
+    return cost
 
 
 def critical_weights(passes: Sequence[float], spreads: Sequence[float],
@@ -104,9 +121,11 @@ class CriticalBudget(Budget):
     """Per-pass allocation by the critical-path rule (see the module docstring)."""
 
     def __init__(self, config: CriticalConfig = CriticalConfig(), cost: PassCost | None = None,
-                 calibrator: Calibrator | None = None):
+                 calibrator: Calibrator | None = None, learn_cost: bool = True):
+        """learn_cost: refit `cost` from the engine's measured passes (`observe_pass`)."""
         self.config = config
         self.cost = cost or PassCost()
+        self.learn_cost = learn_cost
         self.calibrator = calibrator or Calibrator()
         self._tau: dict[Hashable, float] = {}
         self._tau_all = config.tau_prior + 1.0  # prior: one accepted draft token per pass
@@ -122,12 +141,16 @@ class CriticalBudget(Budget):
 
     @classmethod
     def from_spec(cls, spec: SpecConfig) -> CriticalBudget:
-        return cls(CriticalConfig(max_len=PassCaps.from_spec(spec).most))
+        cost = fixed_pass_cost() if spec.pass_cost == "fixed" else None
+        return cls(CriticalConfig(max_len=PassCaps.from_spec(spec).most), cost=cost,
+                   learn_cost=cost is None)
 
     # -- evidence ---------------------------------------------------------------------
     def observe_pass(self, tokens: int, seconds: float) -> None:
-        """One decode pass measured by the engine's pass meter."""
-        self.cost.observe(tokens, seconds)
+        """One decode pass measured by the engine's pass meter (ignored with a fixed
+        cost: measured seconds never decide a draft then)."""
+        if self.learn_cost:
+            self.cost.observe(tokens, seconds)
 
     def observe(self, req_id: Hashable, proposed: int, accepted: int) -> None:
         qs = self._kept.pop(req_id, None)
@@ -156,6 +179,20 @@ class CriticalBudget(Budget):
     def calibration(self) -> dict:
         """The calibration counts (`Calibrator.state()`)."""
         return self.calibrator.state()
+
+    def state(self) -> dict:
+        """The calibration counts, the all-request rates and, when learnt, the cost fit."""
+        out = {"calibration": self.calibrator.state(), "tau_all": self._tau_all,
+               "first_all": self._first_all}
+        if self.learn_cost:
+            out["cost"] = self.cost.state()
+        return out
+
+    def load_state(self, state: dict) -> None:
+        restore_state(self.calibrator, state["calibration"])
+        self._tau_all, self._first_all = float(state["tau_all"]), float(state["first_all"])
+        if self.learn_cost and "cost" in state:
+            self.cost.load_state(state["cost"])
 
     # -- the rule ---------------------------------------------------------------------
     def values(self, req_ids: Sequence[Hashable], remaining: Sequence[tuple[float, float]]
@@ -235,4 +272,5 @@ class CriticalBudget(Budget):
         return alloc
 
 
-__all__ = ["CriticalBudget", "CriticalConfig", "critical_weights", "paying_prefix"]
+__all__ = ["CriticalBudget", "CriticalConfig", "critical_weights", "fixed_pass_cost",
+           "paying_prefix"]

@@ -111,6 +111,13 @@ class ThroughputBudget(Budget):
     def forget(self, req_id: Hashable) -> None:
         self._state.pop(req_id, None)
 
+    def state(self) -> dict:
+        """The all-request evidence (a request's own goes when it stops)."""
+        return {"accepted": self._all.accepted, "tried": self._all.tried}
+
+    def load_state(self, state: dict) -> None:
+        self._all.accepted, self._all.tried = float(state["accepted"]), float(state["tried"])
+
     def _get(self, req_id: Hashable) -> _State:
         s = self._state.get(req_id)
         if s is None:

@@ -122,6 +122,20 @@ class Calibrator:
                 "accepted": list(self._accepted), "qsum": list(self._qsum)}
 
 
+def restore_state(cal: Calibrator, state: dict) -> None:
+    """Give `cal` the counts of `Calibrator.state()` (same buckets); each rate is the one
+    `observe` computed from those counts."""
+    n = len(EDGES) - 1
+    tried, accepted, qsum = (list(map(float, state[k])) for k in ("tried", "accepted", "qsum"))
+    if not len(tried) == len(accepted) == len(qsum) == n:
+        raise ValueError(f"calibration state has {len(tried)} buckets, expected {n}")
+    cal._tried, cal._accepted, cal._qsum = tried, accepted, qsum
+    w = cal.prior_weight
+    for b in range(n):
+        if tried[b] > 0:
+            cal._rate[b] = (accepted[b] + w * (qsum[b] / tried[b])) / (tried[b] + w)
+
+
 def merge_tables(states: Sequence[dict]) -> list[dict]:
     """Sum `Calibrator.state()` counts of several runs into table rows (JSON dicts):
     lo, hi, tried, predicted (mean q), observed (accepted / tried)."""
@@ -141,4 +155,5 @@ def merge_tables(states: Sequence[dict]) -> list[dict]:
     return rows
 
 
-__all__ = ["CalibrationRow", "Calibrator", "EDGES", "conditional", "merge_tables"]
+__all__ = ["CalibrationRow", "Calibrator", "EDGES", "conditional", "merge_tables",
+           "restore_state"]

@@ -29,7 +29,7 @@ class GlobalTree:
         self.max_responses = max_responses
         self.max_tokens = max_tokens
         # history seq -> its owner's ids and its tokens, oldest first
-        self._fifo: OrderedDict[int, tuple[list[int], int]] = OrderedDict()
+        self._fifo: OrderedDict[int, tuple[list[int], np.ndarray]] = OrderedDict()
         self.history_tokens = 0
         self._next = 0
 
@@ -44,7 +44,7 @@ class GlobalTree:
         """`add_history`, one tree call of at most `chunk` tokens at a time (a generator)."""
         for _ in range(copies):
             seq = self._new_seq()
-            self._fifo[seq] = (owner, len(tokens))
+            self._fifo[seq] = (owner, tokens)
             self.history_tokens += len(tokens)
             owner.append(seq)
             for a in range(0, len(tokens), chunk):
@@ -56,16 +56,40 @@ class GlobalTree:
             self.tree.remove(seq)
             entry = self._fifo.pop(seq, None)
             if entry is not None:
-                self.history_tokens -= entry[1]
+                self.history_tokens -= len(entry[1])
 
     def cap(self) -> None:
         """Drop the oldest history sequences beyond `max_responses` or `max_tokens`."""
         while self._fifo and (len(self._fifo) > self.max_responses
                               or self.history_tokens > self.max_tokens):
-            seq, (owner, n) = self._fifo.popitem(last=False)
-            self.history_tokens -= n
+            seq, (owner, tokens) = self._fifo.popitem(last=False)
+            self.history_tokens -= len(tokens)
             self.tree.remove(seq)
             owner.remove(seq)
+
+    def history(self) -> list[tuple[list[int], np.ndarray]]:
+        """The history sequences held, oldest first: (owner's id list, tokens)."""
+        return list(self._fifo.values())
+
+    def rebuild(self, history: Iterable[tuple[list[int], np.ndarray]] | None = None) -> None:
+        """A new tree holding the history sequences alone, inserted oldest first: `history`
+        ((owner, tokens), oldest first; each gets a new id, appended to its owner's list),
+        or the ones held (their ids kept). A suffix tree breaks ties between children of
+        equal count by the order its counts changed in, so a tree that saw removals can
+        draft otherwise than one built from what it holds; rebuilt trees draft alike
+        whatever came before (live sequences must have left: none is running)."""
+        old, self.tree = self.tree, SuffixTree(self.tree.max_depth)
+        self.tree.version = old.version + 1  # memoised drafts of the old tree never match
+        if history is not None:
+            self._fifo.clear()
+            self.history_tokens = 0
+            for owner, tokens in history:
+                seq = self._new_seq()
+                self._fifo[seq] = (owner, tokens)
+                self.history_tokens += len(tokens)
+                owner.append(seq)
+        for seq, (_, tokens) in self._fifo.items():
+            self.tree.extend(seq, tokens)
 
     def flush(self, live: Iterable[LiveRequest]) -> None:
         """Append the tokens these live requests generated since the tree last saw them."""

@@ -60,6 +60,8 @@ def commit_step(ctx, steps_done: int) -> None:
     tmp = checkpoint.tmp_dir(root, steps_done)
     ctx.actor.save(tmp, tmp / "policy" if ctx.rank == 0 else None)
     checkpoint.save_rng(tmp, ctx.rank)
+    if ctx.engine.drafting:  # what decides the next drafts: a resume drafts the same
+        ctx.engine.drafting.save(tmp, ctx.rank)
     dist.barrier()
     if ctx.rank == 0:
         fault("mid_checkpoint_write", tmp / "state.json")

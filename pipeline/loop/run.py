@@ -147,7 +147,7 @@ def restore(ctx: Context, state: dict | None) -> None:
         ctx.start_step = state["step"]
         ctx.policy_version = state["policy_version"]
         ctx.engine.update_weights(ctx.actor.named_weights(), ctx.policy_version)
-    restore_drafting(ctx)
+    restore_drafting(ctx, ckpt if state is not None else None)
     if ctx.scheduler is not None:
         ctx.scheduler.load_history(ctx.run_dir)
     if ctx.tail is not None and ctx.start_step:
@@ -156,12 +156,28 @@ def restore(ctx: Context, state: dict | None) -> None:
         ctx.tail.replay(trained.get(s, set()) for s in range(ctx.start_step))
 
 
-def restore_drafting(ctx: Context) -> None:
-    """Refresh the run's index (rank 0) to the rolled-back history, which the drafter then
-    reads prompt by prompt. A missing index means reading every step file, with a warning; a
-    corrupt or foreign one stops the run (one line, exit 2) rather than being used."""
+def restore_drafting(ctx: Context, ckpt: Path | None) -> None:
+    """The drafter's and the budget's state from checkpoint `ckpt` (the state it would have
+    had uninterrupted; a checkpoint written without it, with a warning: drafts, and so
+    samples at T > 0, then differ from the uninterrupted run's); then refresh the run's
+    index (rank 0) to the rolled-back history, which the drafter reads prompt by prompt. A
+    missing index means reading every step file, with a warning; a corrupt or foreign one
+    stops the run (one line, exit 2) rather than being used."""
     cfg = ctx.cfg
-    if ctx.engine.drafting is None or not method(cfg.spec.method).history:
+    if ctx.engine.drafting is None:
+        return
+    if ckpt is not None:
+        try:
+            found = ctx.engine.drafting.load(ckpt, ctx.rank)
+        except ValueError as exc:
+            raise UsageError(f"--resume: {exc}; delete that checkpoint to resume from the one "
+                             f"before it, or start over with --force") from None
+        if not found and ctx.rank == 0:
+            import sys
+            print(f"warning: {ckpt} holds no drafter state (written by an earlier version): "
+                  f"the resumed run drafts, and so samples, otherwise than the uninterrupted "
+                  f"one would have", file=sys.stderr)
+    if not method(cfg.spec.method).history:
         return
     present = (ctx.run_dir / index.INDEX_DIR).is_dir()
     if ctx.rank == 0 and present:

@@ -233,6 +233,22 @@ class Drafting:
             self.drafter.prepare(again, self._lookup, keep=set(self._loaded))
         return len(responses)
 
+    def save(self, directory, rank: int) -> None:
+        """Between steps: the drafter's and the budget's state into checkpoint folder
+        DIR (`pipeline.drafting.snapshot`; its trees rebuilt first, as `load` builds
+        them), so that a resumed run drafts as this one goes on to."""
+        from pipeline.drafting import snapshot
+
+        snapshot.save(self.drafter, self.budget, directory, rank)
+
+    def load(self, directory, rank: int) -> bool:
+        """On --resume, before the first step: the state `save` left in DIR (False when
+        the checkpoint has none); ValueError when it is damaged."""
+        from pipeline.drafting import snapshot
+
+        self.drafter.settle()
+        return snapshot.load(self.drafter, self.budget, directory, rank)
+
     def sources(self) -> dict[str, int]:
         """Drafts served by each tree (prompt, own, global) since the engine started."""
         return self.drafter.sources()

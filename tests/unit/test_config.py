@@ -211,6 +211,7 @@ RULES = {
     "model.dtype": ("fp8", "'fp8'", "one of float32, bfloat16, float16"),
     "spec.method": ("fast", "'fast'", "one of none, ngram, suffix, history, group, history+group"),
     "spec.budget": ("fast", "'fast'", "one of tree, critical, throughput"),
+    "spec.pass_cost": ("measured", "'measured'", "one of fixed, online"),
     "sched.policy": ("random", "'random'", "one of auto, static, histopipe, tier2, seer"),
     "train.adv_estimator": ("ppo", "'ppo'", "one of grpo, grpo_no_std"),
     "train.loss_agg_mode": ("sum", "'sum'", "one of token-mean, seq-mean-token-mean"),

@@ -109,14 +109,19 @@ def test_the_engine_drafting_state_feeds_decode_passes_and_reports_calibration()
     from pipeline.rollout.speculation import Drafting
     from tests.unit.test_history_window import _Runner
 
-    for name in ("critical", "tree", "throughput"):
-        d = Drafting(_Runner(), SpecConfig(method="history+group", budget=name))
+    from pipeline.costs import DRAFT_COST
+
+    for name, cost in (("critical", "online"), ("critical", "fixed"), ("tree", "fixed"),
+                       ("throughput", "fixed")):
+        d = Drafting(_Runner(), SpecConfig(method="history+group", budget=name, pass_cost=cost))
         for x in (4, 8, 16, 32, 64) * 2:
             d.on_pass(x, 0.01 + 0.001 * x, prefill=False)
             d.on_pass(x, 5.0, prefill=True)  # prefill passes cost differently: not fed
         if name == "critical":
             assert isinstance(d.budget, CriticalBudget) and d.budget.cost.known
-            assert d.budget.cost.seconds(64) == pytest.approx(0.074, rel=0.05)
+            # online: fitted to the measured passes; fixed: measured seconds decide nothing
+            expected = 0.074 if cost == "online" else DRAFT_COST.pass_seconds(64)
+            assert d.budget.cost.seconds(64) == pytest.approx(expected, rel=0.05)
             assert d.calibration() == d.budget.calibrator.state()
         else:
             assert d.calibration() is None

@@ -34,19 +34,21 @@ def _workload(seed: int = 5, prompts: int = 6, group: int = 6, length: int = 90)
     return out
 
 
-def _run(presume: bool, threaded: bool, cap: int = 6) -> list[list[list[int]]]:
-    """Every pass's drafts, the proposer's way: tokens in, drafts out, after_pass."""
-    d = GroupDrafter(DrafterConfig(max_spec_factor=4.0, min_path_prob=0.5, chain=True,
-                                   thin_pass_tokens=64,
-                                   chain_longest=0.25, background=threaded))
+def _drafter(threaded: bool) -> GroupDrafter:
+    return GroupDrafter(DrafterConfig(max_spec_factor=4.0, min_path_prob=0.5, chain=True,
+                                      thin_pass_tokens=64, chain_longest=0.25,
+                                      background=threaded))
+
+
+def _rollout(d: GroupDrafter, groups, presume: bool = True, cap: int = 6,
+             tag: str = "") -> list[list[list[int]]]:
+    """One rollout of `groups` ((prompt, responses the target samples) pairs), the
+    proposer's way: tokens in, drafts out, after_pass. Returns every pass's drafts."""
     targets, pos = {}, {}
-    work = _workload()
-    for prompt, history, _ in work:
-        d.set_history(prompt_hash(prompt), [HistoryResponse(h, None) for h in history])
-    for p, (prompt, _, group) in enumerate(work):
+    for p, (prompt, group) in enumerate(groups):
         d.expect_group(prompt, len(group))
         for g, target in enumerate(group):
-            rid = f"{g}_{p}"
+            rid = f"{tag}{g}_{p}"
             d.start(rid, prompt)
             targets[rid], pos[rid] = target, 0
     passes, emitted = [], {}
@@ -70,6 +72,15 @@ def _run(presume: bool, threaded: bool, cap: int = 6) -> list[list[list[int]]]:
             del targets[rid]
         d.after_pass(presume=presume)
     d.end_step()
+    return passes
+
+
+def _run(presume: bool, threaded: bool) -> list[list[list[int]]]:
+    d = _drafter(threaded)
+    work = _workload()
+    for prompt, history, _ in work:
+        d.set_history(prompt_hash(prompt), [HistoryResponse(h, None) for h in history])
+    passes = _rollout(d, [(prompt, group) for prompt, _, group in work], presume)
     d.close()
     return passes
 
@@ -98,3 +109,150 @@ def test_the_delay_hook_is_off_by_default_and_ignores_garbage(monkeypatch):
     assert background.delay_hook_s() == 0.0
     monkeypatch.setenv(background.DELAY_ENV, "0.01")
     assert background.delay_hook_s() == pytest.approx(0.01)
+
+
+# ------------------------------------------------------------- the state through a resume
+
+class _Run:
+    """A run's steps as the loop drives the drafter: 8 prompts, 3 a step, the pool
+    reshuffled every epoch (so a prompt can be in two adjacent steps); after each rollout
+    the next step's prompts are prepared, then the step's responses become history (the
+    held prompts' in place, the others' parked in the global tree)."""
+
+    def __init__(self, seed: int = 11, prompts: int = 8, per_step: int = 3, group: int = 4):
+        rng = random.Random(seed)
+        self.patterns = {}
+        for p in range(prompts):
+            prompt = (200 + p, 201 + p, 202 + p)
+            self.patterns[prompt] = [rng.randrange(40) for _ in range(70)]
+        self.per_step, self.group, self.seed = per_step, group, seed
+        self.store: dict[str, list[tuple[int, list[int]]]] = {}  # key -> (step, tokens)
+
+    def prompts(self, step: int) -> list[tuple[int, ...]]:
+        per_epoch = len(self.patterns) // self.per_step
+        order = sorted(self.patterns)
+        random.Random(self.seed + step // per_epoch).shuffle(order)
+        i = step % per_epoch * self.per_step
+        return order[i:i + self.per_step]
+
+    def targets(self, step: int, prompt) -> list[list[int]]:
+        rng = random.Random(hash((self.seed, step, prompt)) & 0xFFFF)
+        pat = self.patterns[prompt]
+        return [[rng.randrange(40) if rng.random() < 0.25 else t for t in pat][: rng.randrange(30, 70)]
+                for _ in range(self.group)]
+
+    def lookup(self, keys):
+        """The history window: each prompt's responses of its last 2 steps, oldest first."""
+        out = {}
+        for key in keys:
+            rows = self.store.get(key)
+            if rows:
+                steps = sorted({s for s, _ in rows})[-2:]
+                out[key] = [HistoryResponse(t, None, s) for s, t in rows if s in steps]
+        return out
+
+    def step(self, d: GroupDrafter, step: int, loaded: set):
+        prompts = self.prompts(step)
+        keys = {prompt_hash(list(p)) for p in prompts}
+        missing = [list(p) for p in prompts if prompt_hash(list(p)) not in loaded]
+        d.prepare(missing, self.lookup, keep=keys | loaded)  # the generate's `before`
+        loaded |= keys
+        groups = [(list(p), self.targets(step, p)) for p in prompts]
+        passes = _rollout(d, groups, tag=f"s{step}-")
+        nxt = [list(p) for p in self.prompts(step + 1)]
+        d.prepare(nxt, self.lookup)  # the next step's trees, while training runs
+        loaded.clear()
+        loaded |= {prompt_hash(p) for p in nxt}
+        for prompt, group in groups:  # remember: the step's records
+            key = prompt_hash(prompt)
+            self.store.setdefault(key, []).extend((step, t) for t in group)
+        touched = [p for p in nxt if prompt_hash(p) in {prompt_hash(q) for q, _ in groups}]
+        if touched:
+            d.prepare(touched, self.lookup, keep=loaded)
+        parked = [prompt_hash(q) for q, _ in groups if prompt_hash(q) not in loaded]
+        if parked:
+            d.park_history(parked, self.lookup)
+        return passes
+
+
+def _budget(learnt: bool = True):
+    from pipeline.drafting.budget_critical import CriticalBudget, CriticalConfig, fixed_pass_cost
+
+    b = CriticalBudget(CriticalConfig(max_len=6), cost=fixed_pass_cost(), learn_cost=False)
+    if learnt:
+        b.calibrator.observe([0.9, 0.8, 0.3], 2)
+        b.observe_draft("r", [0.95, 0.5], 1)
+    return b
+
+
+def test_a_resumed_drafter_drafts_as_the_uninterrupted_one(tmp_path):
+    """Steps 0-3, a checkpoint, steps 4-6: the drafts of steps 4-6 are the same whether
+    the drafter went on or was saved and restored into a new one (as --resume does);
+    without the saved state they are not."""
+    from pipeline.drafting import snapshot
+
+    run = _Run()
+    d, loaded = _drafter(threaded=True), set()
+    for s in range(4):
+        run.step(d, s, loaded)
+    budget = _budget()
+    snapshot.save(d, budget, tmp_path, rank=0)
+    store = {k: list(v) for k, v in run.store.items()}
+    after = [run.step(d, s, loaded) for s in range(4, 7)]
+    d.close()
+
+    run.store = {k: list(v) for k, v in store.items()}
+    resumed, other = _drafter(threaded=True), _budget(learnt=False)
+    assert snapshot.load(resumed, other, tmp_path, rank=0)
+    assert other.state() == budget.state() != _budget(learnt=False).state()
+    loaded2 = set()  # a resumed run's loop holds no prompt yet
+    again = [run.step(resumed, s, loaded2) for s in range(4, 7)]
+    resumed.close()
+    assert sum(len(x) for x in after) > 20
+    assert again == after
+
+    run.store = {k: list(v) for k, v in store.items()}
+    fresh, loaded3 = _drafter(threaded=True), set()
+    assert [run.step(fresh, s, loaded3) for s in range(4, 7)] != after
+    fresh.close()
+
+
+def test_a_damaged_drafter_state_is_refused(tmp_path):
+    from pipeline.drafting import snapshot
+
+    run, d, loaded = _Run(), _drafter(threaded=False), set()
+    run.step(d, 0, loaded)
+    snapshot.save(d, _budget(), tmp_path, rank=1)
+    json_path, tensors = snapshot.state_files(tmp_path, 1)
+    assert not snapshot.load(_drafter(False), _budget(), tmp_path, rank=0)  # none for rank 0
+    tensors.write_bytes(tensors.read_bytes()[:-8])
+    with pytest.raises(ValueError, match="the drafter's state cannot be read"):
+        snapshot.load(_drafter(False), _budget(), tmp_path, rank=1)
+
+
+def test_a_tree_that_saw_a_removal_drafts_as_one_rebuilt_from_what_it_holds():
+    """Suffix-tree ties follow the order counts changed in: holding [1 2 3] and [1 2 4],
+    a tree built in that order drafts 3 after [1 2], one that also held and lost a second
+    [1 2 4] drafts 4. `rebuild` (done before a checkpoint takes the state, and by the
+    restore) makes the two alike."""
+    import numpy as np
+
+    from pipeline.drafting.global_tree import GlobalTree
+
+    def tree(extra: bool) -> GlobalTree:
+        g, owners = GlobalTree(8, 100, 1000), [[], [], []]
+        for owner, toks in zip(owners, ([1, 2, 3], [1, 2, 4], [1, 2, 4])):
+            if owner is owners[2] and not extra:
+                break
+            g.add_history(np.asarray(toks, dtype=np.int32), 1, owner)
+        if extra:
+            g.remove(owners[2])
+        return g
+
+    def draft(g: GlobalTree) -> list[int]:
+        return g.speculate([9, 1, 2], 4, 0.0, 8.0).token_ids
+
+    built, churned = tree(extra=False), tree(extra=True)
+    assert draft(built) == [3] and draft(churned) == [4]
+    churned.rebuild()
+    assert draft(churned) == [3] and churned.history_tokens == built.history_tokens == 6
