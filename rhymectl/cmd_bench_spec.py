@@ -85,8 +85,8 @@ def spec(
 
 def _measure(plan, names, config, overrides, plot, repeats=1, ceiling=False):
     from pipeline.bench.figures import write_plot, write_running_plot
-    from pipeline.bench.spec import (GPU_MODEL, build_work, figure_step, run_isolated, summarize,
-                                     workload)
+    from pipeline.bench.spec import (GPU_MODEL, GPU_PASSES, build_work, figure_step,
+                                     run_isolated, summarize, workload)
     from pipeline.bench.spec_repeats import aggregate, run_order
     from pipeline.drafting.calibration import merge_tables
 
@@ -138,7 +138,8 @@ def _measure(plan, names, config, overrides, plot, repeats=1, ceiling=False):
                 f"{load['sequences_per_step']} sequences, T={load['temperature']}",
                 GPU_MODEL.ridge_tokens, f"{GPU_MODEL.name}: compute-bound above "
                 f"{GPU_MODEL.ridge_tokens:.0f} tokens")
-    result = {"methods": summary, "workload": load, "gpu_model": GPU_MODEL.as_dict()}
+    result = {"methods": summary, "workload": load,
+              "gpu_model": {**GPU_MODEL.as_dict(), **GPU_PASSES.as_dict()}}
     if ceiling:
         from pipeline.bench.spec_ceiling import oracle_ceiling
 
@@ -209,8 +210,11 @@ def _render_critical_path(result: dict) -> None:
                         "quarter of the step's requests running")
     table.caption = (f"GPU est.: an estimate, not a measurement: each pass priced as on "
                      f"{gpu['name']}, max({gpu['weights_ms']:.2f} ms, scheduled tokens × "
-                     f"{gpu['flops_per_token'] / gpu['peak_flops'] * 1e6:.1f} µs); × is none's "
-                     f"estimate over the method's")
+                     f"{gpu['flops_per_token'] / gpu['peak_flops'] * 1e6:.1f} µs), plus "
+                     f"{gpu.get('host_ms', 0):g} ms of host work after each pass of a "
+                     f"speculating engine (no async scheduling) and {gpu.get('piecewise_ms', 0):g}"
+                     f" / {gpu.get('eager_ms', 0):g} ms in passes without a full / any CUDA "
+                     f"graph; × is none's estimate over the method's")
     # the total passes are in the table above; the tail's GPU seconds in --json
     for column in ("method", "passes/step", "critical", "tail", "crit. tau", "tail tau",
                    "GPU est. s", "GPU est. ×"):

@@ -25,10 +25,16 @@ tail_tau (tau over the tail passes). On a GPU, where a decode pass costs about t
 whatever it verifies, these pass counts are what carries over, not this CPU's seconds.
 
 The GPU estimate (`gpu_estimate_*`): the same passes, each priced by a roofline model of
-a named GPU and model size (`pipeline.costs.H100_7B`) from its scheduled tokens: an
-estimate from published peak figures, not a measurement. gpu_estimate_s sums every pass,
-gpu_estimate_tail_s the tail passes, gpu_estimate_speedup is none's over the method's,
-and gpu_estimate_with_drafter_s adds the drafter's time as measured on this machine.
+a named GPU and model size (`pipeline.costs.H100_7B`) from its scheduled tokens, plus what
+vLLM adds around a pass there (`pipeline.gpu_cost`): the host's work after every pass of
+an engine that speculates (vLLM keeps async scheduling only for none) and the CUDA graph
+the pass replays in an engine built for the method's draft tokens (full only where every
+request verifies all of them): an estimate from published figures, not a measurement.
+gpu_estimate_s sums every pass, gpu_estimate_tail_s the tail passes,
+gpu_estimate_speedup is none's over the method's, gpu_estimate_with_drafter_s adds the
+drafter's time as measured on this machine; gpu_estimate_roofline_s, _host_s and
+_graphs_s split gpu_estimate_s, and gpu_estimate_{full,piecewise,eager}_passes count the
+passes by graph.
 """
 
 from __future__ import annotations
@@ -49,18 +55,21 @@ from pipeline import costs
 from pipeline import distributed as dist
 from pipeline.bench.spec_plan import Plan
 from pipeline.costs import H100_7B, CostModel, Roofline
+from pipeline.gpu_cost import GpuPassModel, VllmEngine
 from pipeline.critical_path import critical_path
 from pipeline.drafting.stats import DrafterTimes, source_shares
 from pipeline.errors import RuntimeFailure, UsageError
 from pipeline.history.store import HistoryStore, prompt_hash
 from pipeline.loop.step import sampling
 from pipeline.rollout.engine import RolloutEngine
+from pipeline.rollout.speculation import engine_draft_tokens
 from pipeline.tasks.chat import PromptEncoder
 from pipeline.tasks.prompts import distinct, eval_prompts, train_rows
 
 # per-step counts: KEY (median over steps) and KEY_steps in the summary
 STEP_KEYS = ("passes_per_step", "critical_passes", "tail_passes", "critical_tau", "tail_tau")
 GPU_MODEL: Roofline = H100_7B
+GPU_PASSES = GpuPassModel(GPU_MODEL)
 FIGURE_METHODS = ("none", "suffix", "history+group")  # the running-requests figure's
 
 
@@ -98,6 +107,12 @@ class MethodResult:
     drafter_parts: dict | None = None
     # per measured step: its critical path (`step_record`)
     steps: list = field(default_factory=list)
+    # the engine as a GPU would build it for this method (`pipeline.gpu_cost.VllmEngine`)
+    engine_draft_tokens: int = 0
+    max_num_seqs: int = 256
+
+    def gpu_engine(self) -> VllmEngine:
+        return VllmEngine.built_for(self.engine_draft_tokens, self.max_num_seqs)
 
     def add(self, counts, seconds: float, groups) -> None:
         self.steps.append(step_record(counts, groups))
@@ -200,7 +215,8 @@ def run_method(plan: Plan, method: str, work: list[EpochWork], advance,
     cfg = plan.cfg
     dist.init()  # one 1-rank group for every engine (vLLM would otherwise make its own)
     engine = RolloutEngine.from_config(cfg, spec=replace(cfg.spec, method=method))
-    result = MethodResult(method)
+    result = MethodResult(method, engine_draft_tokens=engine_draft_tokens(
+        replace(cfg.spec, method=method)), max_num_seqs=cfg.rollout.max_num_seqs)
     drafting = engine.drafting
     try:
         # the first request with logprobs compiles vLLM's logprob gather (~1.7 s here):
@@ -263,7 +279,7 @@ def summarize(results: dict[str, MethodResult], temperature: float) -> dict[str,
     base = results["none"]
     base_cost = costs.fit(decode_samples(base),
                           CostModel(0.0, base.rollout_s / max(1, base.scheduled_tokens)))
-    base_gpu = GPU_MODEL.estimate_s([t for t, _, _ in base.samples])
+    base_gpu = GPU_PASSES.estimate(step_passes(base.steps), base.gpu_engine())["s"]
     out = {}
     for name, r in results.items():
         decode = r.seq_passes - r.prefill_seq_passes
@@ -308,15 +324,29 @@ def step_summary(steps: list[dict]) -> dict:
     return out
 
 
+def step_passes(steps: list[dict], tail: bool = False) -> list[tuple[int, int]]:
+    """(scheduled tokens, running requests) of every pass of `steps`, or of their tail
+    passes (the last tail_passes of each step)."""
+    out = []
+    for s in steps:
+        first = len(s["tokens"]) - s["tail_passes"] if tail else 0
+        out.extend(zip(s["tokens"][first:], s["running"][first:]))
+    return out
+
+
 def gpu_estimate(r: MethodResult, base_s: float) -> dict:
-    """The method's passes priced by GPU_MODEL (see the module docstring)."""
-    total = GPU_MODEL.estimate_s([t for t, _, _ in r.samples])
-    # the tail passes are the last tail_passes of each step
-    tail = sum(GPU_MODEL.estimate_s(s["tokens"][len(s["tokens"]) - s["tail_passes"]:])
-               for s in r.steps)
+    """The method's passes priced by GPU_PASSES (see the module docstring)."""
+    engine = r.gpu_engine()
+    est = GPU_PASSES.estimate(step_passes(r.steps), engine)
+    total = est["s"]
+    tail = GPU_PASSES.estimate(step_passes(r.steps, tail=True), engine)["s"]
     return {"gpu_estimate_s": round(total, 4), "gpu_estimate_tail_s": round(tail, 4),
             "gpu_estimate_speedup": round(base_s / total, 3) if total else 0.0,
             "gpu_estimate_with_drafter_s": round(total + r.drafter_s, 4),
+            "gpu_estimate_roofline_s": round(est["roofline_s"], 4),
+            "gpu_estimate_host_s": round(est["host_s"], 4),
+            "gpu_estimate_graphs_s": round(est["graphs_s"], 4),
+            **{f"gpu_estimate_{g}_passes": n for g, n in est["passes"].items()},
             "gpu_estimate_model": GPU_MODEL.name}
 
 

@@ -8,6 +8,7 @@ import pytest
 from pipeline.bench.spec import MethodResult, figure_step, summarize
 from pipeline.bench.spec_repeats import aggregate
 from pipeline.costs import H100_7B, Roofline
+from pipeline.gpu_cost import HOST_S, PIECEWISE_S
 
 
 def test_the_h100_roofline_by_hand():
@@ -38,7 +39,7 @@ def results() -> dict[str, MethodResult]:
                         steps=[step(4, 4, 1, 1.0, 1.0, [4, 4, 4, 1], [40, 4, 4, 1]),
                                step(4, 4, 1, 1.0, 1.0, [4, 4, 4, 1], [40, 4, 4, 1])])
     spec = MethodResult("history+group", rollout_s=1.0, requests=8, generated=32, passes=5,
-                        drafter_s=0.25,
+                        drafter_s=0.25, engine_draft_tokens=16,
                         samples=[(40, 0.1, True), (400, 0.1, False),
                                  (40, 0.1, True), (400, 0.1, False), (9, 0.1, False)],
                         steps=[step(2, 2, 0, 3.0, None, [4, 4], [40, 400]),
@@ -55,14 +56,19 @@ def test_per_step_keys_and_the_gpu_estimate_by_hand():
     # a step without a tail has no tail tau; the median is over the steps that have one
     assert spec["tail_tau_steps"] == [None, 2.0] and spec["tail_tau"] == 2.0
     w = H100_7B.weights_s
-    # none: 8 passes, all below the ridge (295 tokens): 8 weight reads; tail: 2 of them
-    assert none["gpu_estimate_s"] == pytest.approx(8 * w, abs=1e-4)
+    # none: 8 passes, all below the ridge (295 tokens): 8 weight reads, the two prefills
+    # in piecewise graphs (pipeline.gpu_cost), the decode passes in full ones, overlapped
+    # with the host's work; tail: 2 decode passes
+    assert none["gpu_estimate_s"] == pytest.approx(8 * w + 2 * PIECEWISE_S, abs=1e-4)
     assert none["gpu_estimate_tail_s"] == pytest.approx(2 * w, abs=1e-4)
-    # spec: 3 memory-bound passes and 2 compute-bound ones of 400 tokens
-    compute = 400 * H100_7B.flops_per_token / H100_7B.peak_flops
-    assert spec["gpu_estimate_s"] == pytest.approx(3 * w + 2 * compute, abs=1e-4)
-    assert spec["gpu_estimate_tail_s"] == pytest.approx(w, abs=1e-4)
-    assert spec["gpu_estimate_speedup"] == pytest.approx(8 * w / (3 * w + 2 * compute), abs=1e-3)
+    # spec, an engine built for 16 drafts: 3 memory-bound passes and 2 compute-bound ones
+    # of 400 tokens (padded to 408, 24 x 17), all piecewise, each followed by the host
+    compute = 408 * H100_7B.flops_per_token / H100_7B.peak_flops
+    extra = 5 * (PIECEWISE_S + HOST_S)
+    assert spec["gpu_estimate_s"] == pytest.approx(3 * w + 2 * compute + extra, abs=1e-4)
+    assert spec["gpu_estimate_tail_s"] == pytest.approx(w + PIECEWISE_S + HOST_S, abs=1e-4)
+    assert spec["gpu_estimate_speedup"] == pytest.approx(
+        (8 * w + 2 * PIECEWISE_S) / (3 * w + 2 * compute + extra), abs=1e-3)
     assert spec["gpu_estimate_with_drafter_s"] == pytest.approx(spec["gpu_estimate_s"] + 0.25)
     assert spec["gpu_estimate_model"] == H100_7B.name
 
