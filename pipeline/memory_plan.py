@@ -272,35 +272,41 @@ def _vllm_items(cfg: Config, device_gib: Optional[float], weights: float) -> tup
              f"GiB), outside vLLM's share"))
 
 
-def draft_positions(cfg: Config) -> int:
-    """The most draft tokens one pass verifies: rollout.max_num_seqs requests with
+def drafting_pass(cfg: Config) -> tuple[int, int]:
+    """(requests, draft tokens) of the largest pass that verifies drafts: at most
+    rollout.max_num_seqs requests (rhymectl's drafters: spec.max_draft_rows) with
     spec.num_speculative_tokens each; a thin pass (rhymectl's drafters) drafts longer but
-    schedules at most spec.thin_pass_tokens tokens in all. 0 without speculation."""
+    schedules at most spec.thin_pass_tokens tokens in all. (0, 0) without speculation."""
     spec, rows = cfg.spec, cfg.rollout.max_num_seqs
     if spec.method == "none":
-        return 0
+        return 0, 0
+    drafter = method(spec.method).drafter
+    if drafter and spec.max_draft_rows is not None:
+        rows = min(rows, spec.max_draft_rows)
     full = rows * spec.num_speculative_tokens
-    thin = method(spec.method).drafter and spec.thin_draft_tokens > spec.num_speculative_tokens
-    return max(full, spec.thin_pass_tokens) if thin else full
+    thin = drafter and spec.thin_draft_tokens > spec.num_speculative_tokens
+    return rows, max(full, spec.thin_pass_tokens) if thin else full
 
 
 def _sampler_item(shape: ModelShape, cfg: Config) -> Item:
     """The rejection sampler's working set beyond vLLM's profile of it, GiB.
 
-    For T draft positions of B = rollout.max_num_seqs requests, its peak holds these fp32
+    For T draft positions of B requests (`drafting_pass`), its peak holds these fp32
     [., vocab] tensors: the target logits, the clone the logits processors change and the
     softmax (3 T) with two [B, vocab] exponential tensors (recovered tokens), or, on a step
     that asks for log-probs (rollout.logprob_check_every), the first two with the final
     logits, the accepted logits and their log-softmax (2 T + 3 (T + B)); and the pass's
-    logits in the model's dtype, T + B rows. The profile had one draft per request: 5 B fp32
-    rows and 2 B logits rows."""
-    t, rows = draft_positions(cfg), cfg.rollout.max_num_seqs
+    logits in the model's dtype, T + B rows. The profile ran rollout.max_num_seqs = P
+    requests with one draft each: 5 P fp32 rows and 2 P logits rows."""
+    rows, t = drafting_pass(cfg)
     if not t:
         return Item("rejection sampler", 0.0, 0.0, "spec.method none: no drafts to verify")
+    profiled = cfg.rollout.max_num_seqs
     checks = cfg.rollout.logprob_check_every > 0
-    fp32_rows = (5 * t + 3 * rows if checks else 3 * t + 2 * rows) - 5 * rows
-    logits_rows = t - rows
-    gib = (4 * fp32_rows + DTYPE_BYTES[cfg.model.dtype] * logits_rows) * shape.vocab / GIB
+    fp32_rows = (5 * t + 3 * rows if checks else 3 * t + 2 * rows) - 5 * profiled
+    logits_rows = t + rows - 2 * profiled
+    nbytes = 4 * fp32_rows + DTYPE_BYTES[cfg.model.dtype] * logits_rows
+    gib = max(0.0, nbytes * shape.vocab / GIB)
     copies = ("5 fp32 copies on log-prob-check steps (rollout.logprob_check_every)" if checks
               else "3 fp32 copies")
     return Item("rejection sampler", gib, 0.0,

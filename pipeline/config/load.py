@@ -17,6 +17,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 
+from pipeline.config.methods import DRAFTER_METHODS, method
 from pipeline.config.schema import Config
 from pipeline.errors import UsageError, require_file
 
@@ -137,6 +138,11 @@ def cross_checks(cfg: Config) -> list[str]:
     elif cfg.data.train_batch_size % cfg.train.ppo_mini_batch_size:
         out.append(f"data.train_batch_size = {cfg.data.train_batch_size} is not a multiple of "
                    f"train.ppo_mini_batch_size = {cfg.train.ppo_mini_batch_size}")
+    served_by = method(cfg.spec.method).vllm_method
+    if cfg.spec.max_draft_rows is not None and served_by is not None:
+        out.append(f"spec.max_draft_rows = {cfg.spec.max_draft_rows} applies to rhymectl's "
+                   f"drafters ({', '.join(DRAFTER_METHODS)}); vLLM's {served_by} proposer "
+                   f"drafts in every pass: remove it or use one of them")
     return out
 
 

@@ -137,6 +137,12 @@ class SpecConfig:
     chain_drafts: bool = True
     thin_pass_tokens: int = non_negative(296)
     thin_draft_tokens: int = non_negative(16)
+    # rhymectl's drafters: a pass with more running requests than this drafts nothing
+    # (null: every pass may draft). On a GPU a full pass verifying drafts turns
+    # compute-bound and leaves the CUDA graphs, so above a batch size drafting costs more
+    # than it saves: 89 requests at 8 drafts and tau 3.4 for a 7B on an H100, 59 at tau
+    # 2.5 (pipeline.gpu_cost, docs/speculation.md); a CPU pass shows nothing of it
+    max_draft_rows: Optional[int] = positive(None)
 
     def spec_factor(self) -> float:
         """max_spec_factor as `method` applies it: the number set, else the method's

@@ -6,7 +6,9 @@ verifies, and the step's last requests, which set its length, run in such passes
 while running requests x (1 + cap) stays within `pass_tokens`, a request may draft up to
 pass_tokens // rows - 1 tokens, never fewer than `dense` (`spec.num_speculative_tokens`,
 the cap of a full pass) nor more than `thin` (`spec.thin_draft_tokens`, what the vLLM
-engine is built for). Pure logic.
+engine is built for). A pass of more than `max_rows` requests (`spec.max_draft_rows`)
+drafts nothing: there verifying drafts costs a GPU more than it saves
+(`pipeline.gpu_cost`). Pure logic.
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ class PassCaps:
     dense: int
     thin: int = 0
     pass_tokens: int = 0
+    max_rows: int | None = None  # spec.max_draft_rows: a larger pass drafts nothing
 
     @classmethod
     def from_spec(cls, spec: SpecConfig) -> PassCaps:
-        return cls(spec.num_speculative_tokens, spec.thin_draft_tokens, spec.thin_pass_tokens)
+        return cls(spec.num_speculative_tokens, spec.thin_draft_tokens, spec.thin_pass_tokens,
+                   spec.max_draft_rows)
 
     @property
     def most(self) -> int:
@@ -36,6 +40,8 @@ class PassCaps:
 
     def cap(self, rows: int) -> int:
         """Draft tokens each request may get in a pass of `rows` sequences."""
+        if self.max_rows is not None and rows > self.max_rows:
+            return 0
         if self.thin <= self.dense or rows <= 0:
             return self.dense
         return min(self.thin, max(self.dense, self.pass_tokens // rows - 1))

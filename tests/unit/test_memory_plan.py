@@ -303,6 +303,13 @@ def test_the_7b_plan_holds_the_rejection_samplers_working_set():
     assert items(vllm_method)["rejection sampler"][0] == pytest.approx(sampler_gib(16, 8, True))
     off = build_plan(qwen7b(), load_config(GPU_7B, ["spec.method=none"]), 8, 80.0)
     assert items(off)["rejection sampler"] == (0.0, 0.0)
+    # spec.max_draft_rows: only passes of at most 128 requests verify drafts
+    capped = build_plan(qwen7b(), load_config(GPU_7B, ["spec.max_draft_rows=128"]), 8, 80.0)
+    t = 128 * 8
+    assert items(capped)["rejection sampler"][0] == pytest.approx(
+        (4 * (5 * t + 3 * 128 - 5 * 512) + 2 * (t + 128 - 2 * 512)) * QWEN_VOCAB / GIB)
+    tiny = build_plan(qwen7b(), load_config(GPU_7B, ["spec.max_draft_rows=16"]), 8, 80.0)
+    assert items(tiny)["rejection sampler"][0] == 0.0  # within what the profile held
 
 
 def test_a_utilization_remedy_leaves_room_for_the_rejection_sampler():

@@ -38,3 +38,32 @@ def test_the_engine_leaves_room_for_the_longest_draft(tmp_path):
     need = 192
     assert engine_model_len(tmp_path, need, SpecConfig(method="history+group")) == need + 33
     assert engine_model_len(tmp_path, need, SpecConfig(method="suffix")) == need + 17
+
+
+def test_passes_with_more_requests_than_max_draft_rows_draft_nothing():
+    """spec.max_draft_rows: on a GPU a full pass that verifies drafts turns compute-bound
+    and leaves the CUDA graphs, so above some batch drafting loses
+    (`pipeline.gpu_cost.GpuPassModel.break_even_rows`); such passes draft nothing."""
+    caps = PassCaps.from_spec(SpecConfig(method="history+group", max_draft_rows=64))
+    assert [caps.cap(r) for r in (1, 17, 64, 65, 512)] == [16, 16, 8, 0, 0]
+    assert caps.most == 16  # the engine is built as before
+    assert PassCaps.from_spec(SpecConfig(method="history+group")).cap(512) == 8
+
+
+def test_max_draft_rows_is_for_rhymectls_drafters():
+    from pipeline.config import load_config
+    from pipeline.config.load import ConfigError
+
+    assert load_config(None, ["spec.method=group",
+                              "spec.max_draft_rows=64"]).spec.max_draft_rows == 64
+    assert load_config(None, ["spec.method=none", "spec.max_draft_rows=64"]).spec.max_draft_rows == 64
+    for bad, line in (
+            (["spec.method=suffix", "spec.max_draft_rows=64"],
+             "spec.max_draft_rows = 64 applies to rhymectl's drafters (history, group, "
+             "history+group); vLLM's suffix proposer drafts in every pass: remove it or use "
+             "one of them"),
+            (["spec.method=group", "spec.max_draft_rows=0"],
+             "spec.max_draft_rows = 0 is not allowed; expected a number > 0")):
+        with pytest.raises(ConfigError) as err:
+            load_config(None, bad)
+        assert err.value.problems == [line]

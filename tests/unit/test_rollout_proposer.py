@@ -350,3 +350,28 @@ def test_a_thin_pass_drafts_longer_than_a_full_one():
     assert out == {1: {16}, 40: {8}}
     with pytest.raises(ValueError, match="built for 16"):
         RhymeProposer(cfg).bind(None, None, None, PassCaps(8, 32, 296))
+
+
+def test_a_pass_above_max_draft_rows_drafts_nothing():
+    """spec.max_draft_rows = 20: 40 running requests get no draft, 20 get their thin
+    pass's 13 (296 // 20 - 1)."""
+    from pipeline.drafting.budget_tree import TreeBudget
+    from pipeline.drafting.pass_caps import PassCaps
+
+    long_response = list(range(100, 140))
+    cfg = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=16),
+                          model_config=SimpleNamespace(max_model_len=128))
+    out = {}
+    for rows in (20, 40):
+        proposer = RhymeProposer(cfg)
+        batch = FakeBatch(128, rows=rows)
+        drafter = GroupDrafter(DrafterConfig(max_spec_factor=8.0))
+        drafter.set_history(prompt_hash(P), [HistoryResponse(long_response)])
+        attach(SimpleNamespace(input_batch=batch, drafter=proposer), drafter, TreeBudget(16),
+               PassCaps(8, 16, 296, max_rows=20))
+        for i in range(rows):
+            batch.add(f"r{i}", P)
+        step(proposer, batch, {f"r{i}": [100] for i in range(rows)})
+        drafts = step(proposer, batch, {f"r{i}": [101] for i in range(rows)})
+        out[rows] = {len(d) for d in drafts}
+    assert out == {20: {13}, 40: {0}}
