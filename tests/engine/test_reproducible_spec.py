@@ -1,0 +1,95 @@
+"""Reproducible speculation on the real engines: a seeded run under history+group at T = 1
+is the same run whatever the drafter thread's timing, under every draft budget, and a run
+killed after a checkpoint and resumed continues it token for token
+(docs/speculation.md, "Reproducible speculation").
+
+At T = 1 vLLM's rejection sampler draws its random numbers per draft position, so the
+responses follow the drafts: equal histories need equal drafts. Runs are compared on the
+sampled tokens of every response and on each step's counts of target passes, draft
+tokens and accepted tokens; seconds are not compared.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.drafting.background import DELAY_ENV
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "scripts"))
+import run_audit as audit  # noqa: E402
+
+pytestmark = [pytest.mark.engine, pytest.mark.deepspeed]
+
+STEPS = 4
+ARGS = ["data.train_size=8", "data.train_batch_size=4", "train.ppo_mini_batch_size=4",
+        "rollout.n=4", "rollout.max_tokens=64", "data.max_prompt_length=24",
+        "rollout.temperature=1.0", "spec.method=history+group", f"train.total_steps={STEPS}",
+        "run.checkpoint_every=2", "run.eval_every=0"]
+# what must match: the counts of each step's speculation, never its seconds
+COUNTS = ("spec_passes", "spec_critical_passes", "spec_drafted_tokens",
+          "spec_accepted_tokens", "spec_tau", "spec_tail_passes")
+
+
+def train(model: Path, run_dir: Path, budget: str, env_extra: dict | None = None,
+          fault: str | None = None, resume: bool = False) -> subprocess.CompletedProcess:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RHYMECTL_FAULT", DELAY_ENV)}
+    env.update(env_extra or {})
+    if fault:
+        env["RHYMECTL_FAULT"] = fault
+    cmd = [sys.executable, "-m", "rhymectl", "train", str(REPO / "sample_configs/tiny.yaml"),
+           f"model.path={model}", f"run.dir={run_dir}", *ARGS, f"spec.budget={budget}"]
+    return subprocess.run(cmd + ["--resume"] * resume, capture_output=True, text=True,
+                          cwd=REPO, env=env, timeout=900)
+
+
+def outcome(run_dir: Path) -> tuple[list, list]:
+    """Every response's sampled tokens in order, and each step's speculation counts."""
+    rows = sorted(audit.snapshot(run_dir)["history"],
+                  key=lambda r: (r["step"], r["prompt_id"], r["sample_index"]))
+    tokens = [(r["step"], r["prompt_id"], r["sample_index"], tuple(r["response_ids"])) for r in rows]
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    counts = [{k: m.get(k) for k in COUNTS} for m in metrics]
+    return tokens, counts
+
+
+@pytest.mark.parametrize("budget", ["tree", "critical", "throughput"])
+def test_two_fresh_runs_are_the_same_run_whatever_the_drafter_timing(tiny_model, tmp_path,
+                                                                      budget):
+    """The second run's drafter thread sleeps at random before each step of its jobs, so
+    its waits cut presuming at other points: the same responses, passes and drafts."""
+    first = tmp_path / "first"
+    proc = train(tiny_model, first, budget)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    second = tmp_path / "slowed"
+    proc = train(tiny_model, second, budget, {DELAY_ENV: "0.002"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = outcome(first), outcome(second)
+    assert len(a[0]) == STEPS * 4 * 4 and len(a[1]) == STEPS
+    assert sum(c["spec_drafted_tokens"] for c in a[1]) > 0
+    assert b == a
+
+
+def test_a_killed_and_resumed_run_continues_token_for_token(tiny_model, tmp_path):
+    """The critical budget (its calibration and rates learnt over steps 1-2), SIGKILLed
+    right after the step-2 checkpoint, resumed: steps 3-4 as the uninterrupted run's."""
+    whole = tmp_path / "whole"
+    proc = train(tiny_model, whole, "critical")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cut = tmp_path / "cut"
+    proc = train(tiny_model, cut, "critical", fault="after_checkpoint_commit")
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    assert (cut / "checkpoints/step-000002/drafting/rank-0.json").is_file()
+    proc = train(tiny_model, cut, "critical", resume=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "holds no drafter state" not in proc.stderr
+    a, b = outcome(whole), outcome(cut)
+    assert sum(c["spec_accepted_tokens"] for c in a[1][2:]) > 0  # steps 3-4 drafted
+    assert b == a
