@@ -344,7 +344,7 @@ def check_build(run: Run) -> str:
 
     import torch.distributed as dist
 
-    _, world = distributed.init()
+    _, world = distributed.init(timeout_min=run.cfg.run.dist_timeout_min)
     if world != 1:
         raise Failed(f"this check runs one rank, not {world}; start it without torchrun")
     t0 = time.perf_counter()
