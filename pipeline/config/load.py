@@ -138,6 +138,12 @@ def cross_checks(cfg: Config) -> list[str]:
     elif cfg.data.train_batch_size % cfg.train.ppo_mini_batch_size:
         out.append(f"data.train_batch_size = {cfg.data.train_batch_size} is not a multiple of "
                    f"train.ppo_mini_batch_size = {cfg.train.ppo_mini_batch_size}")
+    if cfg.spec.pass_cost == "online" and cfg.spec.budget == "critical" \
+            and cfg.rollout.tensor_parallel_size > 1:
+        out.append(f"spec.pass_cost = online with rollout.tensor_parallel_size = "
+                   f"{cfg.rollout.tensor_parallel_size}: each rank of a tensor-parallel group "
+                   f"would size drafts by its own measured seconds, and ranks that schedule "
+                   f"different tokens hang in their collectives; use spec.pass_cost=fixed")
     served_by = method(cfg.spec.method).vllm_method
     if cfg.spec.max_draft_rows is not None and served_by is not None:
         out.append(f"spec.max_draft_rows = {cfg.spec.max_draft_rows} applies to rhymectl's "

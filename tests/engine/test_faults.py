@@ -124,8 +124,8 @@ def test_every_fault_point_resumes_to_the_uninterrupted_rows_bit_for_bit(
 
 
 def test_with_history_and_sibling_drafts_resumes_complete(tiny_model, tmp_path):
-    """Drafts change the random stream (the draft budget's state is not checkpointed), so
-    rows are checked for completeness: every step, prompt and sample once, no gap.
+    """Rows are checked for completeness through a chain of faults: every step, prompt and
+    sample once, no gap (token identity through a resume is test_reproducible_spec.py's).
 
     Steps 3 and 4 revisit steps 1-2's prompts (two steps per epoch) and run in processes
     resumed from the step-2 checkpoint: their drafter history comes back from the index

@@ -256,3 +256,19 @@ def test_a_tree_that_saw_a_removal_drafts_as_one_rebuilt_from_what_it_holds():
     assert draft(built) == [3] and draft(churned) == [4]
     churned.rebuild()
     assert draft(churned) == [3] and churned.history_tokens == built.history_tokens == 6
+
+
+def test_an_online_pass_cost_is_refused_under_tensor_parallelism():
+    """Ranks of a TP group must draft alike (vLLM schedules each rank's shard the same):
+    drafts sized by each rank's own measured seconds would not."""
+    from pipeline.config.load import ConfigError, load_config
+
+    base = ["spec.method=history+group", "spec.budget=critical", "rollout.tensor_parallel_size=2"]
+    assert load_config(None, base).spec.pass_cost == "fixed"
+    with pytest.raises(ConfigError) as err:
+        load_config(None, base + ["spec.pass_cost=online"])
+    assert ("spec.pass_cost = online with rollout.tensor_parallel_size = 2: each rank of a "
+            "tensor-parallel group would size drafts by its own measured seconds, and ranks "
+            "that schedule different tokens hang in their collectives; use "
+            "spec.pass_cost=fixed") in str(err.value)
+    assert load_config(None, base[:2] + ["spec.pass_cost=online"]).spec.pass_cost == "online"
