@@ -1,0 +1,201 @@
+"""The draft model of the policy (`pipeline.drafting.draft_model`): sized from the policy's
+config, started from its weights, trained online on rollouts, drafting in one batched loop,
+and carried through a checkpoint as safetensors."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from pipeline.drafting.draft_model import (
+    DraftModel, DraftShape, DraftTrainer, TrainSettings, expected_accepted, from_policy,
+    load_state, policy_parameters, propose, save_state, shape_for)
+
+# The tiny default policy's Hugging Face config (`rhymectl init-model`): 4 layers of 128.
+TINY_POLICY = {"vocab_size": 101, "hidden_size": 128, "num_hidden_layers": 4,
+               "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 32,
+               "intermediate_size": 512, "max_position_embeddings": 256,
+               "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+               "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}}
+
+SMALL = DraftShape(vocab_size=24, hidden_size=32, layers=1, heads=4, kv_heads=2, head_dim=8,
+                   intermediate_size=32, max_positions=64)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread: on a machine whose cores are busy, two OpenMP threads made
+    these tiny updates 50 times slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _policy(config: dict, seed: int = 3) -> dict:
+    """A policy state dict with Hugging Face Llama names, drawn at random."""
+    shape = DraftShape(vocab_size=config["vocab_size"], hidden_size=config["hidden_size"],
+                       layers=config["num_hidden_layers"], heads=config["num_attention_heads"],
+                       kv_heads=config["num_key_value_heads"], head_dim=config["head_dim"],
+                       intermediate_size=config["intermediate_size"],
+                       max_positions=config["max_position_embeddings"],
+                       tie_embeddings=config["tie_word_embeddings"])
+    state = DraftModel(shape, seed=seed).state_dict()
+    with torch.no_grad():  # norms away from 1 so that a copy is told from the default
+        for name, value in state.items():
+            if name.endswith("norm.weight"):
+                value.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(seed))
+    return state
+
+
+def _corpus(seed: int = 0, n: int = 24):
+    """Sort-task-like rollouts: a prompt of digits and its sorted copy, lengths varying."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        digits = [rng.randrange(3, 13) for _ in range(rng.randrange(3, 12))]
+        out.append(([1] + digits + [2], sorted(digits) + [0]))
+    return out
+
+
+def _trainer(seed: int = 0, updates: int = 15) -> DraftTrainer:
+    return DraftTrainer(DraftModel(SMALL, seed=seed), TrainSettings(updates=updates, batch=8,
+                                                                    lr=1e-2), seed=seed)
+
+
+def test_the_tiny_policys_draft_is_one_layer_within_a_tenth_of_its_parameters():
+    shape = shape_for(TINY_POLICY)
+    assert policy_parameters(TINY_POLICY) == 1_062_656  # what init-model reports
+    assert (shape.layers, shape.hidden_size, shape.heads, shape.head_dim) == (1, 128, 4, 32)
+    assert shape.intermediate_size == 96
+    assert shape.own_parameters() == 102_784
+    assert shape.own_parameters() <= 0.10 * policy_parameters(TINY_POLICY)
+    assert shape.parameters() == 102_784 + 101 * 128  # the tied embedding on top
+
+
+def test_a_draft_that_cannot_fit_its_fraction_is_refused():
+    with pytest.raises(ValueError, match="does not fit in 1% of the policy's parameters"):
+        shape_for(TINY_POLICY, max_fraction=0.01)
+
+
+def test_initialisation_shares_embeddings_and_head_with_the_policy():
+    config = dict(TINY_POLICY, hidden_size=32, num_attention_heads=4, num_key_value_heads=4,
+                  head_dim=8, intermediate_size=128, vocab_size=24,
+                  max_position_embeddings=64, tie_word_embeddings=False)
+    policy = _policy(config)
+    draft = from_policy(config, policy, shape_for(config, max_fraction=0.2))
+    own = draft.state_dict()
+    width = draft.shape.intermediate_size
+    assert 0 < width < 128
+    assert torch.equal(own["model.embed_tokens.weight"], policy["model.embed_tokens.weight"])
+    assert torch.equal(own["lm_head.weight"], policy["lm_head.weight"])
+    assert torch.equal(own["model.norm.weight"], policy["model.norm.weight"])
+    assert torch.equal(own["model.layers.0.self_attn.q_proj.weight"],
+                       policy["model.layers.0.self_attn.q_proj.weight"])
+    assert torch.equal(own["model.layers.0.mlp.down_proj.weight"],
+                       policy["model.layers.0.mlp.down_proj.weight"][:, :width])
+    # a copy, not a view: training the draft leaves the policy's tensors alone
+    assert own["model.embed_tokens.weight"].data_ptr() != policy["model.embed_tokens.weight"].data_ptr()
+
+
+def test_a_tied_policy_gives_a_tied_draft():
+    config = dict(TINY_POLICY, hidden_size=32, head_dim=8, intermediate_size=128,
+                  vocab_size=24, max_position_embeddings=64)
+    policy = _policy(config)
+    draft = from_policy(config, policy, shape_for(config, max_fraction=0.5))
+    assert draft.lm_head is None
+    assert "lm_head.weight" not in draft.state_dict()
+    assert torch.equal(draft.state_dict()["model.embed_tokens.weight"],
+                       policy["model.embed_tokens.weight"])
+
+
+def test_online_training_on_a_small_corpus_lowers_its_loss():
+    trainer = _trainer()
+    corpus = _corpus()
+    first = trainer.train(corpus)
+    second = trainer.train(corpus)
+    assert first.updates == 15 and first.tokens > 0
+    assert first.loss_after < first.loss_before
+    assert second.loss_after < first.loss_after
+    assert trainer.loss(corpus) == pytest.approx(second.loss_after)
+
+
+def test_long_responses_weigh_more():
+    trainer = _trainer()
+    short, long_ = ([1, 3, 2], [3, 0]), ([1, 4, 5, 6, 2], [4, 5, 6, 7, 8, 9, 0])
+    weights = {len(r): w for (_, start, w), (_, r) in
+               zip(trainer._examples([short, long_]), [short, long_])}
+    assert weights[7] / weights[2] == pytest.approx(7 / 2)
+    flat = DraftTrainer(DraftModel(SMALL), TrainSettings(length_power=0.0))
+    assert {w for _, _, w in flat._examples([short, long_])} == {1.0}
+
+
+def test_training_is_deterministic_given_the_seed():
+    a, b = _trainer(seed=4), _trainer(seed=4)
+    for trainer in (a, b):
+        trainer.train(_corpus(1))
+        trainer.train(_corpus(2))
+    for (name, x), (_, y) in zip(a.model.state_dict().items(), b.model.state_dict().items()):
+        assert torch.equal(x, y), name
+
+
+def test_save_and_load_give_identical_drafts_and_identical_further_training(tmp_path):
+    trainer = _trainer(seed=2)
+    trainer.train(_corpus(1))
+    path = tmp_path / "draft.safetensors"
+    save_state(trainer, path)
+    loaded = load_state(path)
+    contexts = [[1, 7, 3, 9, 2], [1, 4, 2], [1, 12, 11, 10, 9, 8, 2, 8]]
+    assert propose(loaded.model, contexts, 6) == propose(trainer.model, contexts, 6)
+    assert loaded.calls == trainer.calls == 1
+    # the optimiser's moments came back too: the next update is the same
+    trainer.train(_corpus(3))
+    loaded.train(_corpus(3))
+    for (name, x), (_, y) in zip(trainer.model.state_dict().items(),
+                                 loaded.model.state_dict().items()):
+        assert torch.equal(x, y), name
+
+
+def test_a_foreign_safetensors_file_is_refused(tmp_path):
+    from safetensors.torch import save_file
+
+    path = tmp_path / "other.safetensors"
+    save_file({"x": torch.zeros(1)}, str(path))
+    with pytest.raises(ValueError, match="is not a draft-model state"):
+        load_state(path)
+
+
+def test_batched_drafts_are_each_contexts_own():
+    """Left padding and the KV cache change no row's draft: one batch equals one call per
+    context, and each draft is the model's greedy continuation recomputed from scratch."""
+    trainer = _trainer(seed=1)
+    trainer.train(_corpus())
+    model = trainer.model
+    contexts = [[1, 9, 4, 2], [1, 3, 5, 7, 9, 11, 2, 3], [1, 6, 2]]
+    tokens, probs = propose(model, contexts, 5)
+    for c, t, p in zip(contexts, tokens, probs):
+        alone_tokens, alone_probs = propose(model, [c], 5)
+        assert alone_tokens == [t]
+        assert alone_probs[0] == pytest.approx(p, rel=1e-5)
+        seq = list(c)
+        for _ in range(5):
+            with torch.no_grad():
+                seq.append(int(model(torch.tensor([seq]))[0, -1].argmax()))
+        assert seq[len(c):] == t
+        assert all(0.0 < x <= 1.0 for x in p)
+
+
+def test_a_draft_learns_the_corpus_it_was_trained_on():
+    trainer = _trainer(seed=0, updates=60)
+    corpus = [([1, 5, 9, 7, 2], [5, 7, 9, 0])] * 8
+    trainer.train(corpus)
+    tokens, probs = propose(trainer.model, [[1, 5, 9, 7, 2]], 4)
+    assert tokens == [[5, 7, 9, 0]]
+    assert expected_accepted(probs[0]) > 3.0
+
+
+def test_expected_accepted_is_the_sum_of_prefix_products():
+    assert expected_accepted([]) == 0.0
+    assert expected_accepted([0.5, 0.5, 1.0]) == pytest.approx(0.5 + 0.25 + 0.25)
