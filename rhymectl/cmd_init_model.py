@@ -38,7 +38,9 @@ def init_model(
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Model directory (default: "
                                                                "models/tiny-TASK, or models/tiny-FAMILY)."),
     seed: int = typer.Option(0, help="Seed: same seed, same model."),
-    steps: Optional[int] = typer.Option(None, min=1, help="SFT steps [400; 300 with --family]."),
+    steps: Optional[int] = typer.Option(None, min=1, help="SFT steps, exactly [the default "
+                                        "policy: until its held-out loss reaches 0.12, from "
+                                        "300 to 800 steps; 300 with --family]."),
     from_gguf: Optional[str] = typer.Option(None, "--from-gguf", help="A .gguf file, or a model "
                                             "package's short name (smollm2), to convert."),
     dtype: str = typer.Option("float32", help="With --from-gguf: float32 or bfloat16."),
@@ -70,12 +72,12 @@ def init_model(
     task = task or "sort"
     get_task(task)
     spec = InitOptions(task=task, seed=seed)
-    if steps is not None:
-        spec = replace(spec, sft=replace(spec.sft, steps=steps))
+    if steps is not None:  # exactly that many: no held-out loss target
+        spec = replace(spec, sft=replace(spec.sft, steps=steps, target_loss=None))
     target = out_dir or Path("models") / f"tiny-{task}"
     check_target(target, spec, force)  # before the progress bar: one line if refused
-    manifest = _with_progress(spec.sft.steps, lambda on_step: build(target, spec, force=force,
-                                                                   on_sft_step=on_step))
+    manifest = _with_progress(spec.sft.most_steps, lambda on_step: build(
+        target, spec, force=force, on_sft_step=on_step))
     manifest = {"path": str(target), **manifest}
     if json_out:
         emit_json(manifest)
@@ -86,6 +88,9 @@ def init_model(
     out.print(f"  parameters      {manifest['parameters']:,}")
     out.print(f"  SFT             {sft['steps']} steps, loss {sft['loss_curve'][0]:.3f} → "
               f"{sft['loss_curve'][-1]:.3f} (mean per tenth: {', '.join(f'{x:.2f}' for x in sft['loss_curve'])})")
+    if sft.get("target_loss") is not None:
+        out.print(f"  held-out loss   {manifest['heldout']['loss']:.3f} (target "
+                  f"{sft['target_loss']}, stopped at step {sft['steps']})")
     out.print(f"  held-out greedy accuracy  {manifest['heldout']['greedy_accuracy']:.1%} "
               f"on {manifest['heldout']['prompts']} {task} prompts outside the SFT data "
               f"(a run's held-out set leaves out only its RL prompts: docs/guide.md)")

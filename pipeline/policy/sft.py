@@ -18,11 +18,38 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 @dataclass(frozen=True)
 class SFTSettings:
+    """steps: the learning-rate schedule's length (warm-up, then cosine down to 0.1 x lr).
+
+    target_loss: train until the held-out loss (mean response-token cross-entropy, nats)
+    is at or below it, checked every `check_every` steps from `min_steps` on, at most
+    `max_steps` steps (past `steps` at the schedule's last rate). A fixed step count
+    lands where the machine's arithmetic takes the run: the same seed gave 49 % held-out
+    greedy accuracy on one CPU kind and 37 % on another, on the steep part of the
+    warm-up's curve (8 % at 300 steps, 49 % at 400, 64 % at 500 on the first). A loss
+    target stops every machine at the same point of that curve. None: `steps` steps."""
+
     steps: int = 400
     batch_tokens: int = 2048  # padded tokens per batch: short examples come many to a batch
     lr: float = 3e-3
     warmup: int = 50
     seed: int = 0
+    target_loss: float | None = None
+    min_steps: int = 0
+    max_steps: int | None = None
+    check_every: int = 25
+
+    def __post_init__(self):
+        if self.target_loss is not None and not (
+                self.target_loss > 0 and self.check_every >= 1
+                and 0 <= self.min_steps <= (self.max_steps or self.steps)):
+            raise ValueError(f"need target_loss > 0, check_every >= 1 and min_steps <= "
+                             f"max_steps; got {self.target_loss}, {self.check_every}, "
+                             f"{self.min_steps}, {self.max_steps}")
+
+    @property
+    def most_steps(self) -> int:
+        """The most steps the warm-up may take."""
+        return max(self.steps, self.max_steps or 0) if self.target_loss is not None else self.steps
 
 
 def encode_pairs(tokenizer: PreTrainedTokenizerFast, rows: Sequence[dict],
@@ -76,17 +103,38 @@ def length_buckets(examples: Sequence[tuple[list[int], int]], batch_tokens: int,
 
 
 def lr_at(step: int, s: SFTSettings) -> float:
+    """Linear warm-up, cosine down to 0.1 x lr at `s.steps`, that rate after it."""
     if step < s.warmup:
         return s.lr * (step + 1) / s.warmup
-    progress = (step - s.warmup) / max(1, s.steps - s.warmup)
+    progress = min(1.0, (step - s.warmup) / max(1, s.steps - s.warmup))
     return s.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def run_sft(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, rows: Sequence[dict],
-            settings: SFTSettings, on_step: Callable[[int, float], None] | None = None) -> list[float]:
-    """Train in place; returns the loss of every step (mean token cross-entropy, nats)."""
+            settings: SFTSettings, on_step: Callable[[int, float], None] | None = None,
+            heldout: Sequence[dict] = ()) -> list[float]:
+    """Train in place; returns the loss of every step (mean token cross-entropy, nats).
+    heldout: the rows `settings.target_loss` is checked on."""
     return train_on_examples(model, encode_pairs(tokenizer, rows), tokenizer.pad_token_id,
-                             settings, on_step)
+                             settings, on_step,
+                             heldout=encode_pairs(tokenizer, heldout) if heldout else ())
+
+
+@torch.no_grad()
+def heldout_loss(model: PreTrainedModel, examples: Sequence[tuple[list[int], int]], pad: int,
+                 loss_fn: Callable | None = None, batch_tokens: int = 4096) -> float:
+    """Mean response-token cross-entropy (nats) of encoded examples, in eval mode."""
+    loss_fn = loss_fn or token_loss
+    was_training = model.training
+    model.eval()
+    total = count = 0.0
+    for batch in length_buckets(examples, batch_tokens, random.Random(0)):
+        ids, labels = collate(batch, pad)
+        k = float((labels[:, 1:] != -100).sum())
+        total += float(loss_fn(model, ids, labels)) * k
+        count += k
+    model.train(was_training)
+    return total / max(count, 1.0)
 
 
 def token_loss(model: PreTrainedModel, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -109,8 +157,10 @@ def response_loss(model: PreTrainedModel, ids: torch.Tensor, labels: torch.Tenso
 def train_on_examples(model: PreTrainedModel, examples: Sequence[tuple[list[int], int]], pad: int,
                       settings: SFTSettings, on_step: Callable[[int, float], None] | None = None,
                       loss_fn: Callable[[PreTrainedModel, torch.Tensor, torch.Tensor], torch.Tensor] = token_loss,
+                      heldout: Sequence[tuple[list[int], int]] = (),
                       ) -> list[float]:
-    """`run_sft` on encoded (ids, number of prompt tokens) pairs, padded with `pad`."""
+    """`run_sft` on encoded (ids, number of prompt tokens) pairs, padded with `pad`; with
+    `settings.target_loss`, until the held-out examples' loss reaches it."""
     rng = random.Random(settings.seed)
     batches = length_buckets(examples, settings.batch_tokens, rng)
     order: list[int] = []
@@ -118,7 +168,13 @@ def train_on_examples(model: PreTrainedModel, examples: Sequence[tuple[list[int]
     opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.0)
     model.train()
     losses = []
-    for step in range(settings.steps):
+    target = settings.target_loss if heldout else None
+    for step in range(settings.most_steps if target is not None else settings.steps):
+        done = step  # steps taken before this one
+        if target is not None and done >= settings.min_steps and done \
+                and done % settings.check_every == 0 \
+                and heldout_loss(model, heldout, pad, loss_fn) <= target:
+            break
         for group in opt.param_groups:
             group["lr"] = lr_at(step, settings)
         if not order:  # a fresh pass over all batches, in random order

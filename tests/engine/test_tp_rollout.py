@@ -44,6 +44,23 @@ def test_one_engine_over_two_ranks(tiny_model, tmp_path):
     assert [strip_eos(t, eos) for t in a["after"]] == [strip_eos(t, eos) for t in a["reference"]]
 
 
+def test_both_ranks_of_a_tp_group_draft_alike_under_every_budget(tiny_model, tmp_path):
+    """history+group over one engine sharded on 2 ranks: each rank's proposer decides the
+    same draft length for every row of every pass, under each budget (ranks that schedule
+    different tokens would hang in their collectives), and both sample the same."""
+    out = tmp_path / "tp-drafting.json"
+    cmd = torchrun_command(2, "tests.engine.workers.tp_drafting", str(tiny_model), str(out))
+    done = subprocess.run(cmd, env=torchrun_env(), cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    a, b = (json.loads(Path(f"{out}.{r}").read_text()) for r in (0, 1))
+    assert sorted(a["drafted"]) == ["critical", "throughput", "tree"]
+    for budget in a["drafted"]:
+        assert sum(map(sum, a["drafted"][budget])) > 0, budget  # the drafter drafted
+        assert a["drafted"][budget] == b["drafted"][budget], budget
+    assert a["sampled"] == b["sampled"]
+
+
 @pytest.mark.deepspeed
 def test_grpo_with_tp_groups_and_loggers(tiny_model, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
