@@ -60,14 +60,28 @@ def outcome(run_dir: Path) -> tuple[list, list]:
     return tokens, counts
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_model, tmp_path_factory):
+    """One undisturbed run per budget, shared by the tests below."""
+    runs: dict[str, Path] = {}
+
+    def get(budget: str) -> Path:
+        if budget not in runs:
+            run_dir = tmp_path_factory.mktemp("reproducible") / budget
+            proc = train(tiny_model, run_dir, budget)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            runs[budget] = run_dir
+        return runs[budget]
+
+    return get
+
+
 @pytest.mark.parametrize("budget", ["tree", "critical", "throughput"])
 def test_two_fresh_runs_are_the_same_run_whatever_the_drafter_timing(tiny_model, tmp_path,
-                                                                      budget):
+                                                                      uninterrupted, budget):
     """The second run's drafter thread sleeps at random before each step of its jobs, so
     its waits cut presuming at other points: the same responses, passes and drafts."""
-    first = tmp_path / "first"
-    proc = train(tiny_model, first, budget)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    first = uninterrupted(budget)
     second = tmp_path / "slowed"
     proc = train(tiny_model, second, budget, {DELAY_ENV: "0.002"})
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -77,12 +91,11 @@ def test_two_fresh_runs_are_the_same_run_whatever_the_drafter_timing(tiny_model,
     assert b == a
 
 
-def test_a_killed_and_resumed_run_continues_token_for_token(tiny_model, tmp_path):
+def test_a_killed_and_resumed_run_continues_token_for_token(tiny_model, tmp_path,
+                                                            uninterrupted):
     """The critical budget (its calibration and rates learnt over steps 1-2), SIGKILLed
     right after the step-2 checkpoint, resumed: steps 3-4 as the uninterrupted run's."""
-    whole = tmp_path / "whole"
-    proc = train(tiny_model, whole, "critical")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    whole = uninterrupted("critical")
     cut = tmp_path / "cut"
     proc = train(tiny_model, cut, "critical", fault="after_checkpoint_commit")
     assert proc.returncode == -9, proc.stderr[-3000:]
