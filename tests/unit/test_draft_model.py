@@ -199,3 +199,16 @@ def test_a_draft_learns_the_corpus_it_was_trained_on():
 def test_expected_accepted_is_the_sum_of_prefix_products():
     assert expected_accepted([]) == 0.0
     assert expected_accepted([0.5, 0.5, 1.0]) == pytest.approx(0.5 + 0.25 + 0.25)
+
+
+def test_the_loss_counts_response_tokens_only():
+    """Prompt tokens are the policy's input, not its output: only the positions that
+    predict response tokens are scored."""
+    trainer = _trainer(seed=5)
+    prompt, response = [1, 7, 3, 9, 2], [3, 7, 9, 0]
+    seq = prompt + response
+    with torch.no_grad():
+        logits = trainer.model(torch.tensor([seq[:-1]]))[0]
+    logp = torch.log_softmax(logits, -1)
+    want = -sum(float(logp[i, seq[i + 1]]) for i in range(len(prompt) - 1, len(seq) - 1)) / 4
+    assert trainer.loss([(prompt, response)]) == pytest.approx(want, rel=1e-5)

@@ -1,0 +1,146 @@
+"""What a draft model of the policy would draft on a run's recorded rollouts, step by step,
+trained online as the run went (research tool; no engine, no vLLM):
+
+    python -m pipeline.bench.draft_model_replay RUN_DIR [--steps N] [--k 8] [--updates 40]
+        [--layers 1] [--max-fraction 0.1] [--json OUT] [--threads 1]
+
+The draft is built from the run's starting policy (`model.path`, `from_policy`). For each
+recorded step in order it first drafts that step's responses, then trains on them (the
+order the loop would use: a step's rollouts train the draft for the next one). Drafting is
+replayed as `rhymectl bench replay` does: since a one-hot draft token is accepted exactly
+where the target sampled it, every pass emits the longest prefix of the draft that matches
+the recorded response plus one token, so each response's passes and each step's critical
+path (its longest request's passes, every request starting in the first pass) follow from
+the recorded tokens alone. The draft always drafts `k` tokens; no tree is asked.
+
+Printed per step: the draft's critical path and total request-passes against `none`'s,
+tau, the weighted loss before and after the step's training and its seconds. At the end:
+`propose` milliseconds per pass at 32 and 128 rows of the last step's contexts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from statistics import median
+
+import torch
+
+from pipeline.atomic import write_atomic
+
+
+def replay_passes(model, prompts, responses, k: int, keep=None) -> tuple[list[int], int]:
+    """Passes each response takes when every pass drafts `k` greedy tokens of `model`
+    (batched over the responses still running) and accepts the draft's prefix that
+    matches the recorded response, plus one token; and the draft tokens verified.
+
+    keep(live, drafts, probs, done, passes): how many tokens of each draft to verify
+    (None: all of them)."""
+    from pipeline.drafting.draft_model import propose
+
+    done = [0] * len(responses)  # response tokens emitted so far
+    passes = [0] * len(responses)
+    verified = 0
+    live = [i for i, r in enumerate(responses) if r]
+    while live:
+        contexts = [prompts[i] + responses[i][:done[i]] for i in live]
+        drafts, probs = propose(model, contexts, k)
+        if keep is not None:
+            drafts = [d[:n] for d, n in zip(drafts, keep(live, drafts, probs, done, passes))]
+        verified += sum(map(len, drafts))
+        for i, draft in zip(live, drafts):
+            rest = responses[i][done[i]:]
+            match = 0
+            while match < min(len(draft), len(rest) - 1) and draft[match] == rest[match]:
+                match += 1
+            done[i] += match + 1
+            passes[i] += 1
+        live = [i for i in live if done[i] < len(responses[i])]
+    return passes, verified
+
+
+def _propose_ms(model, contexts, k: int, rows: int, repeats: int = 5) -> float:
+    from pipeline.drafting.draft_model import propose
+
+    batch = (contexts * (rows // max(len(contexts), 1) + 1))[:rows]
+    propose(model, batch, k)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        propose(model, batch, k)
+        times.append(time.perf_counter() - t)
+    return 1000 * median(times)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pipeline.bench.draft_model_replay")
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("--steps", type=int, default=0, help="replay the first N steps (0: all)")
+    ap.add_argument("--k", type=int, default=8, help="draft tokens a pass")
+    ap.add_argument("--updates", type=int, default=40, help="AdamW updates per step")
+    ap.add_argument("--layers", type=int, default=1)
+    ap.add_argument("--max-fraction", type=float, default=0.10)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    from safetensors.torch import load_file
+
+    from pipeline.bench.replay_run import load_run
+    from pipeline.drafting.draft_model import (
+        DraftTrainer, TrainSettings, from_policy, policy_parameters, shape_for)
+
+    cfg, steps = load_run(args.run_dir, [])
+    if args.steps:
+        steps = steps[:args.steps]
+    policy_dir = Path(cfg.model.path)
+    config = json.loads((policy_dir / "config.json").read_text())
+    state = load_file(str(policy_dir / "model.safetensors"))
+    shape = shape_for(config, layers=args.layers, max_fraction=args.max_fraction)
+    trainer = DraftTrainer(from_policy(config, state, shape, seed=args.seed),
+                           TrainSettings(updates=args.updates), seed=args.seed)
+    print(f"draft: {shape.layers} layer(s), MLP {shape.intermediate_size}, "
+          f"{shape.own_parameters():,} own parameters "
+          f"({shape.own_parameters() / policy_parameters(config):.1%} of the policy's), "
+          f"{shape.parameters():,} with the embedding")
+    rows = []
+    for st in steps:
+        prompts, responses, groups = [], [], []
+        for g, (p, group) in enumerate(zip(st.prompts, st.responses)):
+            for r in group:
+                prompts.append(list(p))
+                responses.append(list(r))
+                groups.append(g)
+        t = time.perf_counter()
+        passes, verified = replay_passes(trainer.model, prompts, responses, args.k)
+        replay_s = time.perf_counter() - t
+        report = trainer.train(list(zip(prompts, responses)))
+        tokens = sum(map(len, responses))
+        row = {"step": st.step, "critical_passes": max(passes),
+               "none_critical": max(map(len, responses)), "request_passes": sum(passes),
+               "tokens": tokens, "tau": tokens / max(sum(passes), 1), "verified": verified,
+               "loss_before": report.loss_before, "loss_after": report.loss_after,
+               "train_s": report.seconds, "replay_s": replay_s}
+        rows.append(row)
+        print(f"step {st.step:3d}: critical path {row['critical_passes']:4d} (none "
+              f"{row['none_critical']}), tau {row['tau']:.2f}, loss {report.loss_before:.3f}"
+              f" -> {report.loss_after:.3f}, train {report.seconds:.2f} s", flush=True)
+    last = steps[-1]
+    contexts = [list(p) + list(r[:len(r) // 2]) for p, g in zip(last.prompts, last.responses)
+                for r in g]
+    timing = {f"propose_ms_{n}_rows": _propose_ms(trainer.model, contexts, args.k, n)
+              for n in (32, 128)}
+    print(", ".join(f"{k}: {v:.1f}" for k, v in timing.items()))
+    if args.json:
+        result = {"run_dir": str(args.run_dir), "k": args.k, "updates": args.updates,
+                  "threads": args.threads, "shape": shape.__dict__, "steps": rows, **timing}
+        write_atomic(args.json, lambda tmp: tmp.write_text(json.dumps(result, indent=1)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
