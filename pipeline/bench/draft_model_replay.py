@@ -2,7 +2,7 @@
 trained online as the run went (research tool; no engine, no vLLM):
 
     python -m pipeline.bench.draft_model_replay RUN_DIR [--steps N] [--k 8] [--updates 40]
-        [--layers 1] [--max-fraction 0.1] [--json OUT] [--threads 1]
+        [--layers 1] [--max-fraction 0.1] [--json OUT] [--threads 1] [--choice]
 
 The draft is built from the run's starting policy (`model.path`, `from_policy`). For each
 recorded step in order it first drafts that step's responses, then trains on them (the
@@ -14,8 +14,11 @@ path (its longest request's passes, every request starting in the first pass) fo
 the recorded tokens alone. The draft always drafts `k` tokens; no tree is asked.
 
 Printed per step: the draft's critical path and total request-passes against `none`'s,
-tau, the weighted loss before and after the step's training and its seconds. At the end:
-`propose` milliseconds per pass at 32 and 128 rows of the last step's contexts.
+tau, the weighted loss before and after the step's training and its seconds; with
+`--choice`, the same step replayed again with each pass's model drafts sized by
+`pipeline.drafting.choice` (no tree; the rule's remaining lengths from the step's own
+recorded group lengths, an optimistic predictor). At the end: `propose` milliseconds per
+pass at 32 and 128 rows of the last step's contexts.
 """
 
 from __future__ import annotations
@@ -61,6 +64,34 @@ def replay_passes(model, prompts, responses, k: int, keep=None) -> tuple[list[in
     return passes, verified
 
 
+def choice_keep(groups: list[int], lengths: list[int], model_pass_s: float,
+                model_row_s: float, k: int):
+    """A `keep` that sizes each model draft by `pipeline.drafting.choice` (no tree: the
+    model's draft or nothing), the remaining length predicted from the mean and spread
+    of the request's group's recorded lengths (this step's: an optimistic predictor)."""
+    from statistics import mean, pstdev
+
+    from pipeline.costs import DRAFT_COST
+    from pipeline.drafting.choice import ChoiceCosts, Options, SourceDraft, choose
+
+    costs = ChoiceCosts(DRAFT_COST, model_pass_s=model_pass_s, model_row_s=model_row_s,
+                        max_len=k)
+    stats = {}
+    for g in set(groups):
+        ls = [n for n, gg in zip(lengths, groups) if gg == g]
+        stats[g] = (mean(ls), pstdev(ls))
+
+    def keep(live, drafts, probs, done, passes):
+        options = []
+        for i, d, p in zip(live, drafts, probs):
+            m, sd = stats[groups[i]]
+            options.append(Options(i, None, SourceDraft(tuple(d), tuple(p)),
+                                   (max(m - done[i], 1.0), sd),
+                                   done[i] / passes[i] if passes[i] else 1.0))
+        return [len(c.tokens) for c in choose(options, costs)]
+    return keep
+
+
 def _propose_ms(model, contexts, k: int, rows: int, repeats: int = 5) -> float:
     from pipeline.drafting.draft_model import propose
 
@@ -85,6 +116,12 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--choice", action="store_true",
+                    help="also replay each step with model drafts sized by the choice rule")
+    ap.add_argument("--model-pass-ms", type=float, default=3.0,
+                    help="the choice rule's price of running the draft model in a pass")
+    ap.add_argument("--model-row-ms", type=float, default=0.03,
+                    help="the choice rule's price of one row of the draft model's batch")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -118,17 +155,27 @@ def main(argv=None) -> int:
         t = time.perf_counter()
         passes, verified = replay_passes(trainer.model, prompts, responses, args.k)
         replay_s = time.perf_counter() - t
+        chosen = {}
+        if args.choice:
+            keep = choice_keep(groups, list(map(len, responses)), args.model_pass_ms / 1000,
+                               args.model_row_ms / 1000, args.k)
+            c_passes, c_verified = replay_passes(trainer.model, prompts, responses, args.k, keep)
+            chosen = {"choice_critical_passes": max(c_passes),
+                      "choice_request_passes": sum(c_passes), "choice_verified": c_verified}
         report = trainer.train(list(zip(prompts, responses)))
         tokens = sum(map(len, responses))
         row = {"step": st.step, "critical_passes": max(passes),
                "none_critical": max(map(len, responses)), "request_passes": sum(passes),
                "tokens": tokens, "tau": tokens / max(sum(passes), 1), "verified": verified,
+               **chosen,
                "loss_before": report.loss_before, "loss_after": report.loss_after,
                "train_s": report.seconds, "replay_s": replay_s}
         rows.append(row)
         print(f"step {st.step:3d}: critical path {row['critical_passes']:4d} (none "
               f"{row['none_critical']}), tau {row['tau']:.2f}, loss {report.loss_before:.3f}"
-              f" -> {report.loss_after:.3f}, train {report.seconds:.2f} s", flush=True)
+              f" -> {report.loss_after:.3f}, train {report.seconds:.2f} s"
+              + (f"; choice: critical path {chosen['choice_critical_passes']}, verified "
+                 f"{chosen['choice_verified']} of {verified}" if chosen else ""), flush=True)
     last = steps[-1]
     contexts = [list(p) + list(r[:len(r) // 2]) for p, g in zip(last.prompts, last.responses)
                 for r in g]
