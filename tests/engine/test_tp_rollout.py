@@ -48,11 +48,21 @@ def test_both_ranks_of_a_tp_group_draft_alike_under_every_budget(tiny_model, tmp
     """history+group over one engine sharded on 2 ranks: each rank's proposer decides the
     same draft length for every row of every pass, under each budget (ranks that schedule
     different tokens would hang in their collectives), and both sample the same."""
+    import os
+    import signal
+
     out = tmp_path / "tp-drafting.json"
     cmd = torchrun_command(2, "tests.engine.workers.tp_drafting", str(tiny_model), str(out))
-    done = subprocess.run(cmd, env=torchrun_env(), cwd=REPO, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    # ranks that draft differently hang in a collective: on a timeout the whole group goes
+    proc = subprocess.Popen(cmd, env=torchrun_env(), cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, stderr = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("the TP ranks hung: their proposers drafted differently")
+    assert proc.returncode == 0, stderr[-3000:]
     a, b = (json.loads(Path(f"{out}.{r}").read_text()) for r in (0, 1))
     assert sorted(a["drafted"]) == ["critical", "throughput", "tree"]
     for budget in a["drafted"]:
