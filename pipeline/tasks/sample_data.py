@@ -2,9 +2,11 @@
 
     python -m pipeline.tasks.sample_data sample_data
 
-writes `gsm8k/{train,test}.jsonl` (columns question, answer) and `math/{train,test}.jsonl`
-(problem, level, type, solution) under the folder given. The test rows are the generator's
-rows after the train rows, so no test question is also a train question.
+writes `gsm8k/{train,test}.jsonl` (columns question, answer), `gsm8k-easy/{train,test}.jsonl`
+(the same columns; one addition of two one-digit numbers, in words: a task a 135M-parameter
+Instruct model partly solves) and `math/{train,test}.jsonl` (problem, level, type,
+solution) under the folder given. The test rows are the generator's rows after the
+train rows, so no test question is also a train question.
 """
 
 from __future__ import annotations
@@ -16,12 +18,15 @@ from typing import Callable
 
 from pipeline.atomic import write_text_atomic
 from pipeline.tasks.math_problems import math_rows
-from pipeline.tasks.word_problems import gsm8k_rows
+from pipeline.tasks.word_problems import gsm8k_easy_rows, gsm8k_rows
 
 SAMPLE_SEED = 0
+
+
 # data set -> (generator, train rows, test rows, prompt column, answer column)
 SAMPLES: dict[str, tuple[Callable[[int, int], list[dict[str, str]]], int, int, str, str]] = {
     "gsm8k": (gsm8k_rows, 400, 100, "question", "answer"),
+    "gsm8k-easy": (gsm8k_easy_rows, 400, 100, "question", "answer"),
     "math": (math_rows, 400, 100, "problem", "solution"),
 }
 

@@ -73,6 +73,20 @@ def test_gsm8k_rows_have_checked_calculator_steps_and_a_final_answer():
     assert steps == {1, 2, 3, 4, 5}
 
 
+def test_gsm8k_rows_of_chosen_steps_hold_only_those_templates():
+    for steps in [(1,), (2, 5)]:
+        rows = gsm8k_rows(300, 0, steps=steps)
+        assert len({r["question"] for r in rows}) == 300
+        assert {len(r["answer"].split("\n")) - 1 for r in rows} == set(steps)
+    assert gsm8k_rows(50, 3, steps=None) == gsm8k_rows(50, 3)  # the shipped mix, unchanged
+    easy = shipped("gsm8k-easy", "test")
+    assert all(re.fullmatch(r"\w+ has [1-9] \w+ and gets [1-9] more\. How many \w+ does \w+ have now\?",
+                            r["question"]) for r in easy)
+    assert {len(r["answer"].split("\n")) for r in easy} == {2}
+    with pytest.raises(UsageError, match=r"no template has \(6,\) steps; the templates have 1 to 5"):
+        gsm8k_rows(5, 0, steps=(6,))
+
+
 def test_math_rows_have_math_columns_and_a_boxed_answer():
     rows = math_rows(500, 0)
     assert len({r["problem"] for r in rows}) == 500
@@ -96,7 +110,8 @@ def test_frac_is_in_lowest_terms():
 
 def test_the_shipped_files_are_what_the_generator_writes(tmp_path):
     files = sample_files()
-    assert sorted(files) == ["gsm8k/test.jsonl", "gsm8k/train.jsonl", "math/test.jsonl", "math/train.jsonl"]
+    assert sorted(files) == ["gsm8k-easy/test.jsonl", "gsm8k-easy/train.jsonl", "gsm8k/test.jsonl",
+                             "gsm8k/train.jsonl", "math/test.jsonl", "math/train.jsonl"]
     for rel, text in files.items():
         assert (SAMPLE_DIR / rel).read_text() == text, (
             f"sample_data/{rel} drifted; regenerate with `python -m pipeline.tasks.sample_data sample_data`")
@@ -114,9 +129,10 @@ def test_train_and_test_splits_are_disjoint(name):
     assert not {r[key] for r in split["train"]} & {r[key] for r in split["test"]}
 
 
+@pytest.mark.parametrize("name", ["gsm8k", "gsm8k-easy"])
 @pytest.mark.parametrize("split", ["train", "test"])
-def test_every_shipped_gsm8k_reference_scores_one(split):
-    for row in shipped("gsm8k", split):
+def test_every_shipped_gsm8k_reference_scores_one(name, split):
+    for row in shipped(name, split):
         assert gsm8k_reward(row["question"], row["answer"], row["answer"]) == 1.0
         wrong = re.sub(r"#### ([0-9]+)$", lambda m: f"#### {int(m.group(1)) + 1}", row["answer"])
         assert gsm8k_reward(row["question"], wrong, row["answer"], partial_credit=True) == 0.1
@@ -131,16 +147,18 @@ def test_every_shipped_math_reference_scores_one(split):
 
 
 @pytest.mark.parametrize("name, prompt_key, answer_key", [("gsm8k", "question", "answer"),
+                                                          ("gsm8k-easy", "question", "answer"),
                                                           ("math", "problem", "solution")])
 def test_the_loaders_take_the_sample_data_as_a_cluster_user_configures_it(name, prompt_key, answer_key):
+    reward_name = name.split("-")[0]  # gsm8k-easy is scored as gsm8k
     data = DataConfig(task=None, path=str(SAMPLE_DIR / name / "train.jsonl"),
                       eval_path=str(SAMPLE_DIR / name / "test.jsonl"), prompt_key=prompt_key,
-                      answer_key=answer_key, reward=name, eval_size=500)
+                      answer_key=answer_key, reward=reward_name, eval_size=500)
     train = train_rows(data)
     assert train.column_names == ["id", "prompt", "answer"] and len(train) == SAMPLES[name][1]
     evals = eval_prompts(data, set(train["id"]))
     assert len(evals) == SAMPLES[name][2]  # no test prompt is a train prompt
-    check_references(name, train, data.path)  # raises on an unusable reference
-    reward = resolve_reward(name, partial_credit=True)
+    check_references(reward_name, train, data.path)  # raises on an unusable reference
+    reward = resolve_reward(reward_name, partial_credit=True)
     assert all(reward(r["prompt"], r["answer"], r["answer"]) == 1.0 for r in train)
     assert all(reward(p.text, p.answer, p.answer) == 1.0 for p in evals)
