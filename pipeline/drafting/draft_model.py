@@ -35,7 +35,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Hashable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -347,6 +347,111 @@ def propose(model: DraftModel, contexts: Sequence[Sequence[int]], k: int,
     return toks, ps
 
 
+class DraftCache:
+    """The draft model's keys and values per request, kept from one pass to the next so
+    that `propose_cached` runs only the tokens a request gained since its last draft
+    (the accepted draft tokens and the pass's own token), not its whole context."""
+
+    def __init__(self):
+        self._rows: dict[Hashable, tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def forget(self, req_id: Hashable) -> None:
+        """The request stopped (or its tokens were replaced): its entry goes."""
+        self._rows.pop(req_id, None)
+
+    def clear(self) -> None:
+        self._rows.clear()
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@torch.inference_mode()
+def propose_cached(model: DraftModel, cache: DraftCache, req_ids: Sequence[Hashable],
+                   contexts: Sequence[Sequence[int]], k: int,
+                   temperature: float = 1.0) -> tuple[list[list[int]], list[list[float]]]:
+    """`propose` for running requests, reusing each request's keys and values from its
+    last call as far as its context still agrees with what they were computed for (its
+    context then, and the draft tokens after it). The drafts are `propose`'s; a context
+    longer than the model's positions allow is recomputed whole (its window moved)."""
+    if k <= 0 or not contexts:
+        return [[] for _ in contexts], [[] for _ in contexts]
+    keep = max(1, model.shape.max_positions - k)
+    layers = len(model.model.layers)
+    past_len, pasts, news, ctxs = [], [], [], []
+    for req, c in zip(req_ids, contexts):
+        c = [int(t) for t in c]
+        if not c:
+            raise ValueError("every context needs at least one token")
+        if len(c) > keep:
+            cache.forget(req)
+            c = c[-keep:]
+        held = cache._rows.get(req)
+        p = 0 if held is None else min(_common_prefix(held[0], c), len(c) - 1)
+        past_len.append(p)
+        pasts.append(None if held is None or p == 0 else
+                     [(kk[:, :p], vv[:, :p]) for kk, vv in held[1]])
+        news.append(c[p:])
+        ctxs.append(c)
+    b = len(ctxs)
+    P, N = max(past_len), max(map(len, news))
+    s = model.shape
+    # key slots: [left pad | past] [left pad | new], positions explicit for RoPE
+    ids = torch.zeros(b, N, dtype=torch.long)
+    qpos = torch.zeros(b, N, dtype=torch.long)
+    kpos = torch.full((b, P + N), -1, dtype=torch.long)
+    for j, (p, new) in enumerate(zip(past_len, news)):
+        n = len(new)
+        ids[j, N - n:] = torch.tensor(new, dtype=torch.long)
+        qpos[j, N - n:] = torch.arange(p, p + n)
+        kpos[j, P - p:P] = torch.arange(p)
+        kpos[j, P + N - n:] = torch.arange(p, p + n)
+    valid = kpos >= 0
+    mask = valid[:, None, :] & (kpos[:, None, :] <= qpos[:, :, None])
+    # a padded query slot attends to itself only, so that its softmax stays finite
+    mask[:, :, P:] |= torch.eye(N, dtype=torch.bool)[None]
+    caches: list = [[] for _ in range(layers)]
+    if P:
+        for i in range(layers):
+            kk = torch.zeros(b, s.kv_heads, P, s.head_dim)
+            vv = torch.zeros(b, s.kv_heads, P, s.head_dim)
+            for j, (p, past) in enumerate(zip(past_len, pasts)):
+                if p:
+                    kk[j, :, P - p:] = past[i][0]
+                    vv[j, :, P - p:] = past[i][1]
+            caches[i] = [kk, vv]
+    logits = model(ids, qpos, mask[:, None], caches)[:, -1]
+    nxt_pos = qpos[:, -1] + 1
+    tokens, probs = [], []
+    inv_t = 1.0 / max(float(temperature), 1e-6)
+    keys_valid = valid
+    for step in range(k):
+        prob = torch.softmax(logits.float() * inv_t, dim=-1)
+        tok = logits.argmax(-1)
+        tokens.append(tok)
+        probs.append(prob.gather(1, tok[:, None])[:, 0])
+        if step == k - 1:
+            break
+        keys_valid = torch.cat((keys_valid, torch.ones(b, 1, dtype=torch.bool)), dim=1)
+        logits = model(tok[:, None], nxt_pos[:, None], keys_valid[:, None, None], caches)[:, -1]
+        nxt_pos = nxt_pos + 1
+    toks = torch.stack(tokens, 1).tolist()
+    for j, req in enumerate(req_ids):
+        slots = torch.nonzero(keys_valid[j])[:, 0]  # past, new, then the k - 1 drafted
+        cache._rows[req] = (ctxs[j] + toks[j][:k - 1],
+                            [(c[0][j][:, slots].clone(), c[1][j][:, slots].clone())
+                             for c in caches])
+    return toks, torch.stack(probs, 1).tolist()
+
+
 # -- online training ----------------------------------------------------------------------
 @dataclass(frozen=True)
 class TrainReport:
@@ -509,6 +614,6 @@ def expected_accepted(probs: Sequence[float]) -> float:
     return total
 
 
-__all__ = ["DraftModel", "DraftShape", "DraftTrainer", "TrainReport", "TrainSettings",
+__all__ = ["DraftCache", "DraftModel", "DraftShape", "DraftTrainer", "TrainReport", "TrainSettings",
            "expected_accepted", "from_policy", "load_state", "policy_parameters", "propose",
-           "save_state", "shape_for"]
+           "propose_cached", "save_state", "shape_for"]

@@ -212,3 +212,32 @@ def test_the_loss_counts_response_tokens_only():
     logp = torch.log_softmax(logits, -1)
     want = -sum(float(logp[i, seq[i + 1]]) for i in range(len(prompt) - 1, len(seq) - 1)) / 4
     assert trainer.loss([(prompt, response)]) == pytest.approx(want, rel=1e-5)
+
+
+def test_cached_drafts_are_the_recomputed_drafts_pass_after_pass():
+    """A cache kept across passes changes no draft: requests that accept part of their
+    draft, none of it, or diverge, start late or stop, get `propose`'s drafts."""
+    from pipeline.drafting.draft_model import DraftCache, propose_cached
+
+    trainer = _trainer(seed=3)
+    trainer.train(_corpus())
+    model = trainer.model
+    rng = random.Random(0)
+    cache = DraftCache()
+    contexts = {"a": [1, 9, 4, 2], "b": [1, 3, 5, 7, 9, 11, 2, 3], "c": [1, 6, 2]}
+    for step in range(6):
+        if step == 2:
+            contexts["d"] = [1, 8, 8, 2]  # starts late
+        if step == 4:
+            contexts.pop("a")
+            cache.forget("a")
+        ids = list(contexts)
+        got_t, got_p = propose_cached(model, cache, ids, [contexts[r] for r in ids], 4)
+        want_t, want_p = propose(model, [contexts[r] for r in ids], 4)
+        assert got_t == want_t, step
+        for g, w in zip(got_p, want_p):
+            assert g == pytest.approx(w, rel=1e-4, abs=1e-6)
+        for r, draft in zip(ids, got_t):
+            accepted = rng.randrange(len(draft) + 1)
+            contexts[r] = contexts[r] + draft[:accepted] + [rng.randrange(3, 13)]
+    assert len(cache) == 3
