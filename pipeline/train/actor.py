@@ -17,7 +17,7 @@ micro-step.
 from __future__ import annotations
 
 import inspect
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -102,6 +102,34 @@ def reference_config(ds_config: dict) -> dict:
     return config
 
 
+@contextmanager
+def partitioned_loading(ds_config: dict) -> Iterator[None]:
+    """Under ZeRO-3, `from_pretrained` inside builds the model partitioned: each rank
+    allocates only its shard (`deepspeed.zero.Init`) and the checkpoint's tensors are
+    copied in one gathered layer at a time, read from the memory-mapped files, so no rank
+    holds a full copy of the model (15 GB per model and rank for a 7B in bf16). transformers
+    does this while an `HfDeepSpeedConfig` of a ZeRO-3 config is alive, as TRL and
+    transformers' Trainer arrange. The object is dropped afterwards: transformers reads it
+    in every later `from_pretrained` of the process too, and the trainer needs it for
+    nothing else. Other stages load as before (DeepSpeed then holds a full copy anyway)."""
+    if ds_config["zero_optimization"]["stage"] != 3:
+        yield
+        return
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+    from transformers.integrations import HfDeepSpeedConfig, unset_hf_deepspeed_config
+
+    # zero.Init reads the world size from DeepSpeed's communicator, which otherwise comes
+    # up only in `deepspeed.initialize` (with this backend); before it, one rank is assumed
+    deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name())
+    keep = HfDeepSpeedConfig(ds_config)  # transformers keeps only a weak reference
+    try:
+        yield
+    finally:
+        unset_hf_deepspeed_config()
+        del keep
+
+
 class Actor:
     """The policy's DeepSpeed engine (and the reference model's, when `train.kl_coef` > 0).
 
@@ -125,22 +153,25 @@ class Actor:
 
         _logs_to_stderr(deepspeed)
         dtype = torch.bfloat16 if cfg.deepspeed.bf16 else torch.float32
-        model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype)
+        ds_config = deepspeed_config(cfg, world_size)
+        with partitioned_loading(ds_config):
+            model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype)
         model.config.use_cache = False
         if cfg.train.gradient_checkpointing:
             # non-reentrant: the variant that works with ZeRO-3's parameter hooks and inputs
             # that need no grad
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False})
-        ds_config = deepspeed_config(cfg, world_size)
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                           config=ds_config)
         ref = None
         if cfg.train.kl_coef > 0:
-            frozen = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype)
+            ref_config = reference_config(ds_config)
+            with partitioned_loading(ref_config):
+                frozen = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype)
             frozen.config.use_cache = False
             frozen.eval().requires_grad_(False)
-            ref, *_ = deepspeed.initialize(model=frozen, config=reference_config(ds_config))
+            ref, *_ = deepspeed.initialize(model=frozen, config=ref_config)
             ref.eval()
         return cls(cfg, engine, ds_config, ref)
 
