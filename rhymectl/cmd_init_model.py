@@ -144,7 +144,9 @@ def _init_gguf(source_arg: str, out_dir: Optional[Path], dtype: str, force: bool
     else:
         source = packaged_gguf(source_arg)
         target = out_dir or Path(PACKAGES[source_arg].out)
-    manifest = import_gguf(source, target, dtype, force, check_engine=_engine_check,
+    manifest = import_gguf(source, target, dtype, force,
+                           check_engine=lambda folder, prompts, expected: _engine_check(
+                               folder, prompts, expected, dtype),
                            on_phase=lambda what: log.print(f"init-model: {what}"))
     manifest = {"path": str(target), "source": str(source), **manifest}
     if json_out:
@@ -152,34 +154,33 @@ def _init_gguf(source_arg: str, out_dir: Optional[Path], dtype: str, force: bool
         return
     state = "cached, unchanged" if manifest["cached"] else f"converted in {manifest['build_seconds']} s"
     check = manifest["check"]
-    engine = check["engine"]
+    engine = check.get("engine")  # absent where a library caller converted without it
     out.print(f"[bold]{target}[/] ({state})")
     out.print(f"  from            {manifest['gguf']} ({manifest['gguf_architecture']})")
     out.print(f"  model           {manifest['architecture']}, {manifest['parameters']:,} "
               f"parameters, {manifest['dtype']}")
     out.print(f"  tokenizer       {manifest['vocab']:,} tokens, end of turn {manifest['eos_token']}, "
               f"chat template {'yes' if manifest['chat_template'] else 'none'}")
+    vllm = (f"vLLM started in {engine['start_seconds']} s, its greedy output equal on "
+            f"{engine['greedy_equal']} of {engine['prompts']}") if engine else "vLLM not started"
     out.print(f"  checked         greedy output equals the GGUF's on {check['greedy']['prompts']} "
-              f"prompts x {check['greedy']['new_tokens']} tokens; vLLM started in "
-              f"{engine['start_seconds']} s, its greedy output equal on {engine['greedy_equal']} "
-              f"of {engine['prompts']}")
+              f"prompts x {check['greedy']['new_tokens']} tokens; {vllm}")
     example = check["greedy"]["example"]
     out.print(f"  example         {example['prompt']!r} -> {example['greedy']!r}")
 
 
-def _engine_check(folder: Path, prompts: list[list[int]], expected: list[list[int]]) -> dict:
+def _engine_check(folder: Path, prompts: list[list[int]], expected: list[list[int]],
+                  dtype: str) -> dict:
     """A vLLM engine, built by the run's factory, starts on `folder` and generates; how many
     of its greedy responses equal transformers' (a near-tie may differ between the two
     kernels, so this is reported, not required)."""
     import gc
-    import json
     import time
 
     from pipeline.config.schema import ModelConfig, RolloutConfig
     from pipeline.rollout.contract import Sampling
     from pipeline.rollout.engine import RolloutEngine
 
-    dtype = json.loads((folder / "config.json").read_text()).get("dtype", "float32")
     new_tokens = max(map(len, expected))
     started = time.time()
     engine = RolloutEngine(ModelConfig(path=str(folder), dtype=dtype),
