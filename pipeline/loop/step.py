@@ -48,7 +48,8 @@ def rl_step(ctx: Context, step: int) -> StepResult:
         rollouts.score(group, ctx.reward_fn)
     with phases("train"):
         batch = rollouts.to_batch(group, ctx.encoder.pad_id, cfg.train.adv_estimator)
-        train_metrics = ctx.actor.update(batch)
+        # the next step's sampler check compares vLLM with this update's starting weights
+        train_metrics = ctx.actor.update(batch, keep_policy=sampling(cfg, step + 1).logprobs)
     fault("after_train")
     with phases("sync"):  # wakes the engine with the new policy (pipeline.rollout.residency)
         ctx.engine.update_weights(ctx.actor.named_weights(), version + 1)

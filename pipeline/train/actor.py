@@ -145,6 +145,7 @@ class Actor:
         self.device = torch.device(engine.device)
         self.micro = ds_config["train_micro_batch_size_per_gpu"]
         self.temperature = cfg.rollout.temperature or 1.0
+        self._previous: list[torch.Tensor] | None = None  # `keep_policy`'s weights, on the host
 
     @classmethod
     def build(cls, cfg: Config, world_size: int) -> "Actor":
@@ -203,13 +204,19 @@ class Actor:
         return [self._logprobs(model, batch.rows(s)) for s in self._slices(0, batch.size)]
 
     # -- the update ---------------------------------------------------------------------
-    def update(self, batch: Batch) -> dict[str, float]:
-        """GRPO update over this rank's rollouts; returns mean metrics of all micro-batches."""
+    def update(self, batch: Batch, keep_policy: bool = False) -> dict[str, float]:
+        """GRPO update over this rank's rollouts; returns mean metrics of all micro-batches.
+
+        keep_policy: keep this rank's share of the weights before the update on the host,
+        for the next update's sampler check (`sampler_staleness`); the loop asks for it on
+        the step before a sampler-check step."""
         t = self.cfg.train
         batch = batch.to(self.device)
         old = self.score(batch)
         ref = self.score(batch, reference=True) if self.ref is not None else None
         drift = self.sampler_drift(batch, old)
+        staleness = self.sampler_staleness(batch, old)
+        self._previous = self._local_weights() if keep_policy else None
         per_mini = self.ds_config["gradient_accumulation_steps"] * self.micro
         sums: dict[str, torch.Tensor] = {}
         count = 0
@@ -228,6 +235,7 @@ class Actor:
         out = {k: v / max(1, count) for k, v in host_floats(sums).items()}
         if drift is not None:
             out["sampler_logprob_diff"] = host_floats({"d": drift})["d"]
+        out.update(staleness)
         return out
 
     def sampler_drift(self, batch: Batch, old: list[torch.Tensor]) -> torch.Tensor | None:
@@ -244,6 +252,73 @@ class Actor:
             total = part if total is None else total + part
             count += int(self._host_mask(b).sum())
         return total / max(1, count)
+
+    def sampler_staleness(self, batch: Batch, fresh: list[torch.Tensor]) -> dict[str, float]:
+        """Whether vLLM sampled from the weights being trained or from the previous step's
+        (a weight push that did not arrive), when `keep_policy` kept the previous ones.
+
+        In bf16, vLLM's kernels and the trainer's differ by about 1e-2 in mean |log p| with
+        the right weights, more than one optimiser step moves them, so no threshold on
+        `sampler_logprob_diff` tells the two apart. The previous policy's log-probs p of the
+        same tokens do: with vLLM's v and the current policy's f,
+
+            staleness = sum (v - f)(p - f) / sum (p - f)^2    over response tokens
+
+        is v's share of the step from f back to p: about 0 when vLLM holds the trained
+        weights (kernel noise is not correlated with the step), about 1 when it holds the
+        previous ones; above 0.5 vLLM is closer to the previous policy than to the current
+        one (in squared error). Returns {} when there is nothing to compare."""
+        previous, self._previous = self._previous, None
+        if previous is None or batch.sampler_logprobs is None or self.cfg.rollout.temperature != 1.0:
+            return {}
+        with self._weights_of(previous):
+            stale = self.score(batch)
+        sums = {"cross": 0.0, "step": 0.0, "far": 0.0, "moved": 0.0}
+        count = 0
+        for s, f, p in zip(self._slices(0, batch.size), fresh, stale):
+            b = batch.rows(s)
+            mask = self._mask(b)
+            v = b.sampler_logprobs
+            zero = torch.zeros_like(f)
+            sums["cross"] += torch.where(mask, (v - f) * (p - f), zero).sum()
+            sums["step"] += torch.where(mask, (p - f) ** 2, zero).sum()
+            sums["far"] += torch.where(mask, (v - p).abs(), zero).sum()
+            sums["moved"] += torch.where(mask, (p - f).abs(), zero).sum()
+            count += int(self._host_mask(b).sum())
+        got = host_floats({k: torch.as_tensor(v, dtype=torch.float64) for k, v in sums.items()})
+        out = {"sampler_logprob_diff_previous": got["far"] / max(1, count),
+               "sampler_policy_step": got["moved"] / max(1, count)}
+        if got["step"] > 0:
+            out["sampler_staleness"] = got["cross"] / got["step"]
+        return out
+
+    def _local_tensors(self) -> list[torch.Tensor]:
+        """What this rank holds of each policy parameter: its ZeRO-3 partition, else the
+        parameter. Under ZeRO-3 every gathered copy is released first (persistent small
+        parameters too), so the next forward gathers all of them from the partitions."""
+        if self._zero3():
+            self.engine.empty_partition_cache()
+        return [getattr(p, "ds_tensor", p) for p in self.engine.module.parameters()]
+
+    def _local_weights(self) -> list[torch.Tensor]:
+        """A host copy of `_local_tensors` (ZeRO-3: 1/world of the model per rank)."""
+        return [t.data.detach().to("cpu", copy=True) for t in self._local_tensors()]
+
+    @contextmanager
+    def _weights_of(self, saved: list[torch.Tensor]) -> Iterator[None]:
+        """Run the policy with `saved` (from `_local_weights`) in place of its weights,
+        then restore them bit for bit. Every rank swaps its own share."""
+        current = self._local_weights()
+        self._load_local(saved)
+        try:
+            yield
+        finally:
+            self._load_local(current)
+
+    def _load_local(self, tensors: list[torch.Tensor]) -> None:
+        with torch.no_grad():
+            for target, value in zip(self._local_tensors(), tensors):
+                target.data.copy_(value)
 
     def _micro_step(self, b: Batch, old: torch.Tensor, ref: torch.Tensor | None,
                     mini_tokens: int, n_micro: int) -> dict[str, torch.Tensor]:
