@@ -16,7 +16,7 @@ import torch
 
 from pipeline.config.methods import method
 from pipeline.config.schema import Config, ModelConfig, RolloutConfig, SpecConfig
-from pipeline.rollout import runner_contract, speculation, versions
+from pipeline.rollout import cpu_shm_name, runner_contract, speculation, versions
 from pipeline.rollout.engine_args import (engine_model_len, sleep_mode_available,
                                           whole_prompt_prefill)
 from pipeline.rollout.contract import Completion, RolloutResult, RolloutStats, Sampling
@@ -89,6 +89,7 @@ class RolloutEngine:
         )
         if distributed:
             kwargs["distributed_executor_backend"] = "external_launcher"
+            cpu_shm_name.apply()  # a killed job's segments must not stop this one
         if not torch.cuda.is_available():
             kwargs.update(whole_prompt_prefill(max_model_len))
         kwargs.update(speculation.llm_kwargs(spec))

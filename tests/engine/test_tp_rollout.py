@@ -21,11 +21,24 @@ def strip_eos(ids: list[int], eos: int) -> list[int]:
     return ids[: ids.index(eos)] if eos in ids else ids
 
 
+# What a killed tensor-parallel job leaves in /dev/shm under vLLM's own naming: the same
+# names for every job on the machine (pipeline.rollout.cpu_shm_name).
+STALE_SHM = [Path(f"/dev/shm/-tp:0-[0-1]-cpushm_{rank}") for rank in (0, 1)]
+
+
 def test_one_engine_over_two_ranks(tiny_model, tmp_path):
+    """... also after a killed job left its shared-memory segments behind."""
     out = tmp_path / "tp.json"
     cmd = torchrun_command(2, "tests.engine.workers.tp_rollout", str(tiny_model), str(out))
-    done = subprocess.run(cmd, env=torchrun_env(), cwd=REPO, capture_output=True, text=True,
-                          timeout=600)
+    planted = [p for p in STALE_SHM if not p.exists()]
+    for p in planted:
+        p.write_bytes(b"\0" * 4096)
+    try:
+        done = subprocess.run(cmd, env=torchrun_env(), cwd=REPO, capture_output=True,
+                              text=True, timeout=600)
+    finally:
+        for p in planted:
+            p.unlink(missing_ok=True)
     assert done.returncode == 0, done.stderr[-3000:]
     a, b = (json.loads(Path(f"{out}.{r}").read_text()) for r in (0, 1))
     from transformers import AutoTokenizer
