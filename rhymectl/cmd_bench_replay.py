@@ -41,6 +41,10 @@ def replay(
                                             "step of the run's second epoch]."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="PNG [RUN_DIR/report/"
                                                              "bench-replay.png]."),
+    ceiling: bool = typer.Option(False, "--ceiling", help="Also the oracle's critical path "
+                                 "(drafting the policy's own most likely tokens) on the "
+                                 "steps whose sampling policy the run kept: its starting "
+                                 "model and its checkpoints (one forward per response)."),
     json_out: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
 ) -> None:
     from rhymectl.parsing import parse_methods
@@ -59,6 +63,11 @@ def replay(
     cfg, steps = load_run(run_dir, list(overrides or []))
     first = first_revisit(steps) if from_step is None else from_step
     result = _run(run_replay, steps, cfg, names, first)
+    if ceiling:
+        from pipeline.bench.replay_ceiling import policy_dirs, replay_ceiling
+
+        result["ceiling"] = replay_ceiling(steps, policy_dirs(run_dir, cfg.model.path), result,
+                                           first, lambda what: log.print(what, markup=False))
     png = plot or run_dir / "report" / "bench-replay.png"
     png.parent.mkdir(parents=True, exist_ok=True)
     write_replay_plot(result, first, png, f"rhymectl bench replay {run_dir.name}: "
@@ -101,4 +110,25 @@ def _render(result: dict) -> None:
                      "passes with < 25 % of requests running; /suffix: passes over suffix's")
     for name, r in result["methods"].items():
         table.add_row(name, *("" if r.get(c) is None else f"{r[c]:.4g}" for c in cols))
+    out.print(table)
+    if "ceiling" in result:
+        _render_ceiling(result["ceiling"])
+
+
+def _render_ceiling(ceiling: dict) -> None:
+    from rich.table import Table
+
+    if not ceiling["steps"]:
+        out.print("oracle: no summed step was sampled by a policy the run kept (its starting "
+                  "model or a checkpoint)")
+        return
+    table = Table(title=f"the oracle on steps {', '.join(map(str, ceiling['steps']))} (their "
+                        f"sampling policy kept; argmax share {ceiling['argmax_share']:.3f}, "
+                        f"cap 0 = none: {ceiling['check']})")
+    table.add_column("drafter")
+    table.add_column("critical-path passes, summed", justify="right")
+    for name, passes in ceiling["methods"].items():
+        table.add_row(name, f"{passes}")
+    for name, cap in ceiling["caps"].items():
+        table.add_row(f"oracle {name}", f"{cap['passes']}")
     out.print(table)
