@@ -90,6 +90,11 @@ def _render(report: dict) -> None:
     if not report["rank_stability"]:
         ranks.add_row("one epoch recorded", "", "", "")
     out.print(ranks)
+    probe = report["sibling_probe"]
+    rho = probe["spearman_first_longest"]
+    out.print(f"  siblings: over {probe['groups']} groups the first finished (shortest) response "
+              f"against the longest: Spearman {'-' if rho is None else f'{rho:.3f}'}, median "
+              f"ratio {probe['median_first_over_longest']}")
 
     pred = report["predictor"]
     errors = Table(title=f"predictor on the next epoch (last {pred['last_epochs']} epochs, decay "

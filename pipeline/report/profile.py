@@ -3,7 +3,13 @@ epochs, and how well the length predictor does on the epoch after its history.
 
 Rank stability compares each pair of adjacent recorded epochs over the prompts seen in
 both: the Spearman correlation of per-prompt mean lengths, and the share of prompts whose
-rank moves by more than 10 % of the number of prompts compared.
+rank moves by more than 10 % of the number of prompts compared (RhymeRL's observation).
+
+The sibling probe asks Seer's question of every group (one prompt's responses in one
+epoch): how well does its first finished response tell its longest? In a synchronous
+rollout a group's responses start in the same pass and emit one token a pass without
+drafts, so the first to finish is the shortest; the probe reports the Spearman
+correlation of the shortest with the longest over groups, and the median of their ratio.
 """
 
 from __future__ import annotations
@@ -68,6 +74,17 @@ def rank_stability(lengths: LengthHistory) -> list[dict]:
     return out
 
 
+def sibling_probe(lengths: LengthHistory) -> dict:
+    """Over every group of at least two responses: Spearman(shortest, longest), the median
+    of shortest / longest, and the number of groups."""
+    groups = [ls for per in lengths.values() for ls in per.values() if len(ls) >= 2]
+    first = np.array([min(ls) for ls in groups], dtype=float)
+    last = np.array([max(ls) for ls in groups], dtype=float)
+    ratio = first[last > 0] / last[last > 0]
+    return {"groups": len(groups), "spearman_first_longest": _spearman(first, last),
+            "median_first_over_longest": _num(float(np.median(ratio))) if len(ratio) else None}
+
+
 def predictor_errors(lengths: LengthHistory, **predictor_kwargs) -> list[dict]:
     """For each epoch with history before it: the predictor fit on the earlier epochs
     against the per-prompt mean lengths of that epoch (tokens; mape as a fraction)."""
@@ -121,6 +138,7 @@ def profile(run_dir: str | Path, lengths: LengthHistory | None = None, *, last_e
                    "p99_over_p50": _num(np.quantile(every, 0.99) / p50) if p50 > 0 else None},
         "histogram": {"edges": [_num(x, 2) for x in edges], "counts": counts.tolist()},
         "rank_stability": rank_stability(lengths),
+        "sibling_probe": sibling_probe(lengths),
         "predictor": {"last_epochs": last_epochs, "decay": decay,
                       "fallback": _num(predictor.fallback, 2),
                       "next_epoch_errors": predictor_errors(lengths, last_epochs=last_epochs,

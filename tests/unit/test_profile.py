@@ -126,3 +126,14 @@ def test_profile_without_history_exits_2_through_main(tmp_path, monkeypatch, cap
 def test_profile_command_has_help_with_example():
     result = CliRunner().invoke(cli(), ["profile", "--help"])
     assert result.exit_code == 0 and "Example: rhymectl profile" in result.stdout
+
+
+def test_sibling_probe_by_hand():
+    from pipeline.report.profile import sibling_probe
+
+    # groups (shortest, longest): (2, 10), (4, 20), (1, 30), and a lone response left out
+    lengths = {"a": {0: [10, 2, 5], 1: [20, 4]}, "b": {0: [30, 1]}, "c": {0: [7]}}
+    got = sibling_probe(lengths)
+    assert got["groups"] == 3
+    assert got["spearman_first_longest"] == -0.5  # ranks (2, 3, 1) against (1, 2, 3)
+    assert got["median_first_over_longest"] == 0.2  # of 0.2, 0.2, 0.0333
