@@ -43,7 +43,9 @@ class DataConfig:
     answer_key: str = "answer"
     reward: Optional[str] = None  # task name or `module:function`; default: the task's own
     partial_credit: bool = True
-    train_size: int = positive(256)  # prompts generated for a built-in task
+    # training prompts: a built-in task generates this many (null: 256); a data set keeps
+    # its first this many rows (null: all of them), e.g. to revisit prompts every few steps
+    train_size: Optional[int] = positive(None)
     eval_size: int = positive(128)
     train_batch_size: int = positive(16)  # prompts per RL step (veRL name)
     max_prompt_length: int = positive(32)  # tokens, after the chat template

@@ -33,11 +33,18 @@ def distinct(rows: Iterable[Mapping], exclude: frozenset[str] | set[str] = froze
     return list(seen.values())
 
 
+TASK_TRAIN_SIZE = 256  # prompts a built-in task generates when data.train_size is null
+
+
 def train_rows(data: DataConfig):
-    """The training prompts as a `datasets.Dataset` with columns id, prompt, answer."""
+    """The training prompts as a `datasets.Dataset` with columns id, prompt, answer: a data
+    set's first `data.train_size` rows (all without it), or that many generated ones."""
     if data.path is not None:
-        return load_user_dataset(data.path, data.split, data.prompt_key, data.answer_key)
-    return build_task_dataset(data.task, data.train_size, data.seed)
+        rows = load_user_dataset(data.path, data.split, data.prompt_key, data.answer_key)
+        if data.train_size is not None and data.train_size < len(rows):
+            rows = rows.select(range(data.train_size))
+        return rows
+    return build_task_dataset(data.task, data.train_size or TASK_TRAIN_SIZE, data.seed)
 
 
 def eval_prompts(data: DataConfig, train_ids: set[str]) -> list[Prompt]:
@@ -51,4 +58,4 @@ def eval_prompts(data: DataConfig, train_ids: set[str]) -> list[Prompt]:
     return distinct(rows, exclude=train_ids)[: data.eval_size]
 
 
-__all__ = ["Prompt", "distinct", "eval_prompts", "train_rows"]
+__all__ = ["Prompt", "TASK_TRAIN_SIZE", "distinct", "eval_prompts", "train_rows"]

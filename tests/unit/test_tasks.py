@@ -377,3 +377,19 @@ def test_distinct_prompts_keep_the_first_row_per_id_and_leave_out_excluded_ids()
             {"id": "a", "prompt": "other", "answer": "z"}, {"id": "c", "prompt": "p3", "answer": "w"}]
     assert distinct(rows) == [Prompt("a", "p1", "x"), Prompt("b", "p2", "y"), Prompt("c", "p3", "w")]
     assert [p.id for p in distinct(rows, exclude={"b"})] == ["a", "c"]
+
+
+def test_train_size_keeps_a_data_sets_first_rows_and_sizes_a_task(tmp_path):
+    from pipeline.config.schema import DataConfig
+    from pipeline.tasks.prompts import TASK_TRAIN_SIZE, train_rows
+
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"p{i}", "answer": str(i)}) + "\n"
+                            for i in range(5)))
+    user = DataConfig(task=None, path=str(path))
+    assert len(train_rows(user)) == 5  # null: every row
+    three = train_rows(DataConfig(task=None, path=str(path), train_size=3))
+    assert list(three["prompt"]) == ["p0", "p1", "p2"]
+    assert len(train_rows(DataConfig(task=None, path=str(path), train_size=9))) == 5
+    assert len(train_rows(DataConfig(task="sort"))) == TASK_TRAIN_SIZE
+    assert len(train_rows(DataConfig(task="sort", train_size=7))) == 7
