@@ -72,8 +72,9 @@ def init_model(
     task = task or "sort"
     get_task(task)
     spec = InitOptions(task=task, seed=seed)
-    if steps is not None:  # exactly that many: no held-out loss target
-        spec = replace(spec, sft=replace(spec.sft, steps=steps, target_loss=None))
+    if steps is not None:  # exactly that many: no held-out target
+        spec = replace(spec, sft=replace(spec.sft, steps=steps, target_loss=None,
+                                         target_exact=None))
     target = out_dir or Path("models") / f"tiny-{task}"
     check_target(target, spec, force)  # before the progress bar: one line if refused
     manifest = _with_progress(spec.sft.most_steps, lambda on_step: build(
@@ -91,6 +92,9 @@ def init_model(
     if sft.get("target_loss") is not None:
         out.print(f"  held-out loss   {manifest['heldout']['loss']:.3f} (target "
                   f"{sft['target_loss']}, stopped at step {sft['steps']})")
+    if sft.get("target_exact") is not None:
+        out.print(f"  held-out exact  {manifest['heldout']['exact']:.1%} of reference solutions "
+                  f"greedy (target {sft['target_exact']:.0%}, stopped at step {sft['steps']})")
     out.print(f"  held-out greedy accuracy  {manifest['heldout']['greedy_accuracy']:.1%} "
               f"on {manifest['heldout']['prompts']} {task} prompts outside the SFT data "
               f"(a run's held-out set leaves out only its RL prompts: docs/guide.md)")

@@ -31,7 +31,8 @@ def tiny_model(tmp_path_factory) -> Path:
     root = Path(cache) if cache else tmp_path_factory.mktemp("models")
     out = root / "tiny-sort"
     options = InitOptions(task="sort", seed=0, eval_rows=32)
-    options = replace(options, sft=replace(options.sft, steps=TEST_SFT_STEPS, target_loss=None),
+    options = replace(options, sft=replace(options.sft, steps=TEST_SFT_STEPS, target_loss=None,
+                                           target_exact=None),
                       sft_rows=4000)
     init_model(out, options, force=cached_manifest(out, options) is None)  # rebuilt when stale
     return out

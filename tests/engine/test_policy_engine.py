@@ -19,7 +19,8 @@ def test_init_model_is_cached_and_deterministic(tiny_model, tmp_path):
     assert (tiny_model / "model.safetensors").is_file() and (tiny_model / "tokenizer.json").is_file()
     # Same spec → cache hit without rebuilding; two small builds with one seed are identical.
     spec = InitOptions(task="sort", seed=3, eval_rows=8, sft_rows=200)
-    spec = replace(spec, sft=replace(spec.sft, steps=5, batch_tokens=256, target_loss=None))
+    spec = replace(spec, sft=replace(spec.sft, steps=5, batch_tokens=256, target_loss=None,
+                                     target_exact=None))
     a = init_model(tmp_path / "a", spec)
     b = init_model(tmp_path / "b", spec)
     assert not a["cached"] and init_model(tmp_path / "a", spec)["cached"]

@@ -62,3 +62,38 @@ def test_the_rate_holds_its_last_value_past_the_schedule():
 def test_bad_target_settings_are_refused():
     with pytest.raises(ValueError, match="min_steps <= max_steps"):
         SFTSettings(steps=10, target_loss=0.1, min_steps=50, max_steps=20)
+
+
+def _mixed():
+    # two continuations of prompt 1: the argmax can reproduce at most one of them
+    return [([1, 2, 3], 1)] * 3 + [([1, 4, 5], 1)]
+
+
+def test_heldout_exact_counts_the_examples_greedy_reproduces():
+    from pipeline.policy.sft import heldout_exact
+
+    model = _Bigram()
+    with torch.no_grad():
+        model.table.weight.zero_()
+        model.table.weight[1, 2] = model.table.weight[2, 3] = 1.0  # 1 -> 2 -> 3
+        model.table.weight[4, 5] = 1.0
+    assert heldout_exact(model, _mixed(), 0) == 0.75  # 1 4 5 fails at its first token
+    model.table.weight.data[1, 4] = 2.0
+    assert heldout_exact(model, _mixed(), 0) == 0.25
+
+
+def test_training_stops_at_the_first_check_that_reaches_the_exact_target():
+    from pipeline.policy.sft import heldout_exact
+
+    s = SFTSettings(steps=40, lr=0.05, warmup=1, target_exact=0.75, min_steps=5,
+                    max_steps=400, check_every=5)
+    model = _Bigram()
+    assert heldout_exact(model, _mixed(), 0) < 0.75
+    done = len(train_on_examples(model, _mixed(), 0, s, heldout=_mixed()))
+    assert 5 <= done < 400 and done % 5 == 0
+    assert heldout_exact(model, _mixed(), 0) >= 0.75
+    assert SFTSettings(target_exact=0.5, max_steps=800).most_steps == 800
+    with pytest.raises(ValueError, match="not both"):
+        SFTSettings(target_loss=0.1, target_exact=0.5)
+    with pytest.raises(ValueError, match="target_exact"):
+        SFTSettings(target_exact=1.5)
