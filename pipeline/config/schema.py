@@ -92,12 +92,15 @@ class RolloutConfig:
     logprob_check_every: int = non_negative(10)
 
 
-# spec.max_spec_factor when null, by method. rhymectl's drafters: at T = 1 on the sort
-# task, drafts after a 4-7 token match were accepted at 22 % a token against 77-94 % after
-# 12 or more; halving vLLM's factor cut rollout time about 10 % at T = 1 and left T = 0
-# unchanged (docs/speculation.md, "max_spec_factor"). `suffix` keeps vLLM's own default
+# spec.max_spec_factor when null, by method. rhymectl's drafters: 1.0, vLLM's own factor.
+# On the real model's text (SmolLM2-135M, bench replay at T = 0.7 and T = 1) short matches
+# are most of what the trees offer, and 0.5 left history+group behind suffix on the median
+# step's critical path (1.09x at T = 0.7); 1.0 needs fewer target passes than suffix there
+# and 1 % fewer than 0.5 on the sort task, for more verified draft tokens (0.5 had cut the
+# sort task's CPU rollout time about 10 % at T = 1; docs/speculation.md, "Design
+# decisions"). `suffix` keeps vLLM's own default
 # (SpeculativeConfig.suffix_decoding_max_spec_factor).
-DRAFTER_SPEC_FACTOR = 0.5
+DRAFTER_SPEC_FACTOR = 1.0
 SUFFIX_SPEC_FACTOR = 1.0
 
 
@@ -110,9 +113,9 @@ class SpecConfig:
     history_epochs: int = positive(2)  # K: epochs of history per prompt tree
     min_path_prob: float = fraction(0.1)  # cut drafts where the path probability falls below
     # a draft is at most max_spec_factor * (tokens of context matched) long: short matches
-    # draft little. null: the method's default (`spec_factor()`), 0.5 for rhymectl's
-    # drafters, vLLM's own 1.0 for `suffix`; a number sets it for both (for suffix, vLLM's
-    # suffix_decoding_max_spec_factor)
+    # draft little. null: the method's default (`spec_factor()`), DRAFTER_SPEC_FACTOR for
+    # rhymectl's drafters, vLLM's own 1.0 for `suffix`; a number sets it for both (for
+    # suffix, vLLM's suffix_decoding_max_spec_factor)
     max_spec_factor: Optional[float] = positive(None)
     reward_weighted: bool = False  # RhymeRL's reward-aware tree
     max_cached_prompts: int = positive(4096)  # trees kept outside the current batch

@@ -24,8 +24,9 @@ def test_max_spec_factor_defaults_per_method_and_an_explicit_one_sets_both():
     suffix = speculation.llm_kwargs(SpecConfig(method="suffix", num_speculative_tokens=8))
     assert suffix == {"speculative_config": {"method": "suffix", "num_speculative_tokens": 8,
                                              "suffix_decoding_max_spec_factor": 1.0}}
-    assert drafter_config(SpecConfig(method="history+group")).max_spec_factor == 0.5
-    assert DrafterConfig().max_spec_factor == DRAFTER_SPEC_FACTOR == 0.5
+    assert drafter_config(SpecConfig(method="history+group")).max_spec_factor == 1.0
+    assert DrafterConfig().max_spec_factor == DRAFTER_SPEC_FACTOR == 1.0
+    assert drafter_config(SpecConfig(method="history", max_spec_factor=0.5)).max_spec_factor == 0.5
     spec = SpecConfig(method="suffix", max_spec_factor=2.0)
     cfg = speculation.llm_kwargs(spec)["speculative_config"]
     assert cfg["suffix_decoding_max_spec_factor"] == 2.0
