@@ -78,3 +78,18 @@ def one_rank(monkeypatch):
     yield
     if not already and torch.distributed.is_initialized():  # (vLLM may have left it)
         torch.distributed.destroy_process_group()
+
+
+@pytest.fixture(scope="session")
+def random_llama_dir(tmp_path_factory):
+    """A one-layer Llama with random weights (24-token vocabulary), saved as a Hugging-Face
+    directory: a policy to mark argmax tokens with, no tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=24, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                         max_position_embeddings=64)
+    path = tmp_path_factory.mktemp("policy")
+    LlamaForCausalLM(config).save_pretrained(path)
+    return path

@@ -16,16 +16,8 @@ N = 2  # responses per prompt
 
 
 @pytest.fixture(scope="module")
-def policy_dir(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=24, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
-                         max_position_embeddings=64)
-    path = tmp_path_factory.mktemp("policy")
-    LlamaForCausalLM(config).save_pretrained(path)
-    return path
+def policy_dir(random_llama_dir):
+    return random_llama_dir
 
 
 def greedy(model, prompt, n):
