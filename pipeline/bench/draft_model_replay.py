@@ -41,7 +41,7 @@ def replay_passes(model, prompts, responses, k: int, keep=None) -> tuple[list[in
 
     keep(live, drafts, probs, done, passes): how many tokens of each draft to verify
     (None: all of them)."""
-    from pipeline.drafting.draft_model import propose
+    from pipeline.drafting.draft_propose import propose
 
     done = [0] * len(responses)  # response tokens emitted so far
     passes = [0] * len(responses)
@@ -93,7 +93,7 @@ def choice_keep(groups: list[int], lengths: list[int], model_pass_s: float,
 
 
 def _propose_ms(model, contexts, k: int, rows: int, repeats: int = 5) -> float:
-    from pipeline.drafting.draft_model import propose
+    from pipeline.drafting.draft_propose import propose
 
     batch = (contexts * (rows // max(len(contexts), 1) + 1))[:rows]
     propose(model, batch, k)
@@ -128,8 +128,8 @@ def main(argv=None) -> int:
     from safetensors.torch import load_file
 
     from pipeline.bench.replay_run import load_run
-    from pipeline.drafting.draft_model import (
-        DraftTrainer, TrainSettings, from_policy, policy_parameters, shape_for)
+    from pipeline.drafting.draft_model import from_policy, policy_parameters, shape_for
+    from pipeline.drafting.draft_train import DraftTrainer, TrainSettings
 
     cfg, steps = load_run(args.run_dir, [])
     if args.steps:

@@ -9,9 +9,10 @@ import random
 import pytest
 import torch
 
-from pipeline.drafting.draft_model import (
-    DraftModel, DraftShape, DraftTrainer, TrainSettings, expected_accepted, from_policy,
-    load_state, policy_parameters, propose, save_state, shape_for)
+from pipeline.drafting.draft_model import (DraftModel, DraftShape, from_policy,
+                                           policy_parameters, shape_for)
+from pipeline.drafting.draft_propose import expected_accepted, propose
+from pipeline.drafting.draft_train import DraftTrainer, TrainSettings, load_state, save_state
 
 # The tiny default policy's Hugging Face config (`rhymectl init-model`): 4 layers of 128.
 TINY_POLICY = {"vocab_size": 101, "hidden_size": 128, "num_hidden_layers": 4,
@@ -217,7 +218,7 @@ def test_the_loss_counts_response_tokens_only():
 def test_cached_drafts_are_the_recomputed_drafts_pass_after_pass():
     """A cache kept across passes changes no draft: requests that accept part of their
     draft, none of it, or diverge, start late or stop, get `propose`'s drafts."""
-    from pipeline.drafting.draft_model import DraftCache, propose_cached
+    from pipeline.drafting.draft_propose import DraftCache, propose_cached
 
     trainer = _trainer(seed=3)
     trainer.train(_corpus())

@@ -1,0 +1,180 @@
+"""Training a `pipeline.drafting.draft_model.DraftModel` online, and its state.
+
+- `DraftTrainer`: one call takes one step's rollouts (prompt ids, response ids) and runs a
+  fixed number of AdamW updates on their response tokens, each token weighted by its
+  response's length relative to the step's mean, since the longest responses set the
+  step's critical path. A fixed number of updates, not a time budget, so that the same
+  seed and rollouts give the same weights.
+- `save_state` / `load_state`: weights, optimiser moments and the trainer's counters in
+  one safetensors file (no pickle), for checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from pipeline.drafting.draft_model import DraftModel, DraftShape
+
+FORMAT = "rhymectl-draft-model/1"  # the safetensors metadata tag of `save_state`
+
+
+# -- online training ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class TrainReport:
+    """One `DraftTrainer.train` call: weighted loss on its rollouts before and after."""
+
+    loss_before: float
+    loss_after: float
+    updates: int
+    tokens: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """updates: AdamW steps per call; batch: responses per step; length_power: each
+    response token weighs (length / mean length) ** length_power."""
+
+    updates: int = 20
+    batch: int = 32
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    length_power: float = 1.0
+    max_grad_norm: float = 1.0
+
+
+class DraftTrainer:
+    """Trains a `DraftModel` on each step's rollouts; deterministic given the seed (CPU)."""
+
+    def __init__(self, model: DraftModel, settings: TrainSettings = TrainSettings(),
+                 seed: int = 0):
+        self.model = model
+        self.settings = settings
+        self.seed = int(seed)
+        self.calls = 0  # train calls so far: the batch order's seed moves with it
+        self.opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, betas=(0.9, 0.99),
+                                     weight_decay=settings.weight_decay)
+
+    def _examples(self, rollouts: Sequence[tuple[Sequence[int], Sequence[int]]]):
+        """(ids, first response position, weight) per rollout with a response; each
+        sequence cut to the model's positions."""
+        limit = self.model.shape.max_positions
+        kept = [(list(p), list(r)) for p, r in rollouts if len(r) and len(p)]
+        if not kept:
+            return []
+        mean = sum(len(r) for _, r in kept) / len(kept)
+        power = self.settings.length_power
+        return [((p + r)[:limit], len(p), (len(r) / mean) ** power) for p, r in kept
+                if len(p) < limit]
+
+    def _loss(self, batch) -> tuple[torch.Tensor, int]:
+        """Weighted mean next-token cross-entropy over the response tokens of `batch`."""
+        width = max(len(ids) for ids, _, _ in batch)
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        weight = torch.zeros(len(batch), width - 1)
+        for j, (seq, start, w) in enumerate(batch):
+            ids[j, :len(seq)] = torch.tensor(seq, dtype=torch.long)
+            weight[j, start - 1:len(seq) - 1] = w  # positions that predict response tokens
+        logits = self.model(ids[:, :-1])  # right padding: the causal mask suffices
+        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
+                             reduction="none").view_as(weight)
+        return (ce * weight).sum() / weight.sum().clamp(min=1e-9), int((weight > 0).sum())
+
+    def loss(self, rollouts: Sequence[tuple[Sequence[int], Sequence[int]]]) -> float:
+        """The weighted loss on `rollouts` (no update)."""
+        examples = self._examples(rollouts)
+        if not examples:
+            return float("nan")
+        with torch.no_grad():
+            total, weights = 0.0, 0.0
+            for i in range(0, len(examples), self.settings.batch):
+                part = examples[i:i + self.settings.batch]
+                value, _ = self._loss(part)
+                w = sum(x[2] * (len(x[0]) - x[1]) for x in part)
+                total, weights = total + float(value) * w, weights + w
+        return total / weights
+
+    def train(self, rollouts: Sequence[tuple[Sequence[int], Sequence[int]]]) -> TrainReport:
+        """`settings.updates` AdamW steps on minibatches of `rollouts` (prompt ids,
+        response ids), reshuffled each pass over them from (seed, calls)."""
+        start = time.perf_counter()
+        examples = self._examples(rollouts)
+        if not examples:
+            return TrainReport(float("nan"), float("nan"), 0, 0, 0.0)
+        before = self.loss(rollouts)
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.calls)
+        s = self.settings
+        order: list[int] = []
+        tokens = 0
+        self.model.train()
+        for _ in range(s.updates):
+            if len(order) < min(s.batch, len(examples)):
+                order += torch.randperm(len(examples), generator=gen).tolist()
+            picked, order = order[:s.batch], order[s.batch:]
+            value, n = self._loss([examples[i] for i in picked])
+            self.opt.zero_grad(set_to_none=True)
+            value.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.max_grad_norm)
+            self.opt.step()
+            tokens += n
+        self.model.eval()
+        self.calls += 1
+        return TrainReport(before, self.loss(rollouts), s.updates, tokens,
+                           time.perf_counter() - start)
+
+
+# -- state ----------------------------------------------------------------------------------
+def save_state(trainer: DraftTrainer, path: str | Path) -> None:
+    """The model's weights, AdamW's moments and the trainer's counters in one safetensors
+    file at `path` (written in place: the caller's checkpoint writes atomically)."""
+    from safetensors.torch import save_file
+
+    tensors = {f"weight.{n}": p.detach().contiguous() for n, p in trainer.model.named_parameters()}
+    names = {id(p): n for n, p in trainer.model.named_parameters()}
+    for p, st in trainer.opt.state.items():
+        n = names[id(p)]
+        tensors[f"adam.{n}.exp_avg"] = st["exp_avg"].contiguous()
+        tensors[f"adam.{n}.exp_avg_sq"] = st["exp_avg_sq"].contiguous()
+        tensors[f"adam.{n}.step"] = torch.as_tensor(st["step"], dtype=torch.float32).reshape(1)
+    meta = {"format": FORMAT, "shape": json.dumps(asdict(trainer.model.shape)),
+            "settings": json.dumps(asdict(trainer.settings)), "seed": str(trainer.seed),
+            "calls": str(trainer.calls)}
+    save_file(tensors, str(path), metadata=meta)
+
+
+def load_state(path: str | Path) -> DraftTrainer:
+    """The trainer `save_state` wrote: same weights, moments and counters, so that the
+    next `train` call and every draft are those of the trainer that was saved."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"{path} is not a draft-model state ({FORMAT})")
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    model = DraftModel(DraftShape(**json.loads(meta["shape"])))
+    trainer = DraftTrainer(model, TrainSettings(**json.loads(meta["settings"])),
+                           int(meta["seed"]))
+    trainer.calls = int(meta["calls"])
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for n, p in params.items():
+            p.copy_(tensors[f"weight.{n}"])
+    for n, p in params.items():
+        if f"adam.{n}.step" in tensors:
+            trainer.opt.state[p] = {
+                "step": tensors[f"adam.{n}.step"].reshape(()).clone(),
+                "exp_avg": tensors[f"adam.{n}.exp_avg"].clone(),
+                "exp_avg_sq": tensors[f"adam.{n}.exp_avg_sq"].clone()}
+    model.eval()
+    return trainer
+
+
+__all__ = ["DraftTrainer", "FORMAT", "TrainReport", "TrainSettings", "load_state", "save_state"]
