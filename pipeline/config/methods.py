@@ -5,6 +5,9 @@ engine, the drafter, the bench and the CLI all read.
 - `ngram`, `suffix`: vLLM's own proposers (prompt n-grams; vLLM's suffix cache).
 - `history`, `group`, `history+group`: rhymectl's drafter behind vLLM's custom proposer,
   drafting from the prompt's earlier epochs, its live siblings, or both.
+- `history+group+model`: the same trees and, beside them, a small draft model of the
+  policy trained online on the rollouts; each pass chooses per request between the
+  trees' draft, the model's and nothing (`pipeline.drafting.model_source`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ class Method:
     vllm_method: str | None = None  # vLLM's own proposer that serves it (speculative_config)
     history: bool = False  # drafts from the prompt's responses in earlier epochs
     siblings: bool = False  # drafts from the live responses of the prompt's group
+    model: bool = False  # a draft model of the policy, trained online, beside the trees
 
     @property
     def drafter(self) -> bool:
@@ -32,6 +36,7 @@ REGISTRY: dict[str, Method] = {m.name: m for m in (
     Method("history", history=True),
     Method("group", siblings=True),
     Method("history+group", history=True, siblings=True),
+    Method("history+group+model", history=True, siblings=True, model=True),
 )}
 
 METHODS: tuple[str, ...] = tuple(REGISTRY)

@@ -148,6 +148,13 @@ class SpecConfig:
     # than it saves: 89 requests at 8 drafts and tau 3.4 for a 7B on an H100, 59 at tau
     # 2.5 (pipeline.gpu_cost, docs/speculation.md); a CPU pass shows nothing of it
     max_draft_rows: Optional[int] = positive(None)
+    # history+group+model: the draft model beside the trees (pipeline.drafting.model_source):
+    # its decoder layers (the MLP as wide as keeps it within 10 % of the policy's
+    # parameters), and the AdamW updates (of 32 responses) and learning rate of its online
+    # training on each step's responses, between the trainer's update and the next rollout
+    draft_layers: int = positive(1)
+    draft_updates: int = positive(20)
+    draft_lr: float = positive(3e-3)
 
     def spec_factor(self) -> float:
         """max_spec_factor as `method` applies it: the number set, else the method's

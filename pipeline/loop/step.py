@@ -65,10 +65,16 @@ def rl_step(ctx: Context, step: int) -> StepResult:
     records = [r for rank_records, *_ in everything for r in rank_records]
     if scheduler:
         scheduler.remember(records)
+    draft_metrics = {}
     if ctx.engine.drafting:
         with phases("index"):
             ctx.engine.drafting.remember(records)  # every rank may draft for any prompt
+        if ctx.engine.drafting.model is not None:
+            with phases("draft_train"):  # the draft model learns this step's responses
+                draft_metrics = ctx.engine.drafting.train_model(
+                    draft_examples(ctx, step, launched, records))
     metrics = step_metrics(step, epoch, version, records, everything, phases)
+    metrics.update(draft_metrics)
     if scheduler:
         metrics.update(scheduler.metrics())
     if launched:
@@ -125,6 +131,17 @@ def static_rollout(ctx, step: int, params: Sampling) -> tuple[list, RolloutStats
         return out, stats
     mine = {id(p) for p in shard(share, tp.tp_rank(ctx.rank), tp.tp)}
     return [r for r in out if id(r.prompt) in mine], stats
+
+
+def draft_examples(ctx, step: int, launched, records: list) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, response ids) of every rank's records, in their order: what the draft
+    model trains on (the records name prompts by hash; the step's batch gives their ids)."""
+    from pipeline.history.store import prompt_hash
+
+    prompts = [x.prompt for x in launched] if launched else ctx.prompts.batch(step)
+    ids = {prompt_hash(p): p for p in ctx.encoder.encode_many([p.text for p in prompts])}
+    return [(ids[r.prompt_hash], list(r.response_ids)) for r in records
+            if r.prompt_hash in ids]
 
 
 def next_prompt_ids(ctx, step: int) -> list[list[int]]:

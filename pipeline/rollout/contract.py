@@ -99,6 +99,12 @@ class DraftingState(Protocol):
     def stats(self) -> dict[str, float]:
         """The drafter's `spec_*` counters since the last call."""
 
+    model: object | None  # the draft model beside the trees (`model` methods), else None
+
+    def train_model(self, rollouts: Sequence[tuple[Sequence[int], Sequence[int]]]) -> dict:
+        """Between steps: the draft model learns one step's (prompt ids, response ids);
+        its metrics."""
+
 
 class RolloutBackend(Protocol):
     """generate / stream / update_weights / sleep.

