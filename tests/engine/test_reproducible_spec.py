@@ -1,7 +1,9 @@
 """Reproducible speculation on the real engines: a seeded run under history+group at T = 1
 is the same run whatever the drafter thread's timing, under every draft budget, and a run
 killed after a checkpoint and resumed continues it token for token
-(docs/speculation.md, "Reproducible speculation").
+(docs/speculation.md, "Reproducible speculation"). The critical budget's runs use
+history+group+model, so that the draft model's online training, its per-request choice
+and its checkpointed state are held to the same standard.
 
 At T = 1 vLLM's rejection sampler draws its random numbers per draft position, so the
 responses follow the drafts: equal histories need equal drafts. Runs are compared on the
@@ -29,11 +31,14 @@ pytestmark = [pytest.mark.engine, pytest.mark.deepspeed]
 STEPS = 4
 ARGS = ["data.train_size=8", "data.train_batch_size=4", "train.ppo_mini_batch_size=4",
         "rollout.n=4", "rollout.max_tokens=64", "data.max_prompt_length=24",
-        "rollout.temperature=1.0", "spec.method=history+group", f"train.total_steps={STEPS}",
+        "rollout.temperature=1.0", f"train.total_steps={STEPS}",
         "run.checkpoint_every=2", "run.eval_every=0"]
 # what must match: the counts of each step's speculation, never its seconds
 COUNTS = ("spec_passes", "spec_critical_passes", "spec_drafted_tokens",
-          "spec_accepted_tokens", "spec_tau", "spec_tail_passes")
+          "spec_accepted_tokens", "spec_tau", "spec_tail_passes", "spec_model_chosen",
+          "spec_model_drafted_tokens", "spec_model_accepted_tokens", "draft_loss_after")
+METHOD = {"tree": "history+group", "throughput": "history+group",
+          "critical": "history+group+model"}
 
 
 def train(model: Path, run_dir: Path, budget: str, env_extra: dict | None = None,
@@ -45,7 +50,8 @@ def train(model: Path, run_dir: Path, budget: str, env_extra: dict | None = None
     if fault:
         env["RHYMECTL_FAULT"] = fault
     cmd = [sys.executable, "-m", "rhymectl", "train", str(REPO / "sample_configs/tiny.yaml"),
-           f"model.path={model}", f"run.dir={run_dir}", *ARGS, f"spec.budget={budget}"]
+           f"model.path={model}", f"run.dir={run_dir}", *ARGS, f"spec.budget={budget}",
+           f"spec.method={METHOD[budget]}"]
     return subprocess.run(cmd + ["--resume"] * resume, capture_output=True, text=True,
                           cwd=REPO, env=env, timeout=900)
 
@@ -93,16 +99,19 @@ def test_two_fresh_runs_are_the_same_run_whatever_the_drafter_timing(tiny_model,
 
 def test_a_killed_and_resumed_run_continues_token_for_token(tiny_model, tmp_path,
                                                             uninterrupted):
-    """The critical budget (its calibration and rates learnt over steps 1-2), SIGKILLed
-    right after the step-2 checkpoint, resumed: steps 3-4 as the uninterrupted run's."""
+    """The critical budget (its calibration and rates learnt over steps 1-2) beside the
+    draft model (trained after steps 1-2), SIGKILLed right after the step-2 checkpoint,
+    resumed: steps 3-4 as the uninterrupted run's."""
     whole = uninterrupted("critical")
     cut = tmp_path / "cut"
     proc = train(tiny_model, cut, "critical", fault="after_checkpoint_commit")
     assert proc.returncode == -9, proc.stderr[-3000:]
     assert (cut / "checkpoints/step-000002/drafting/rank-0.json").is_file()
+    assert (cut / "checkpoints/step-000002/drafting/model-rank-0.safetensors").is_file()
     proc = train(tiny_model, cut, "critical", resume=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "holds no drafter state" not in proc.stderr
     a, b = outcome(whole), outcome(cut)
     assert sum(c["spec_accepted_tokens"] for c in a[1][2:]) > 0  # steps 3-4 drafted
+    assert sum(c["spec_model_accepted_tokens"] for c in a[1][2:]) > 0  # the model too
     assert b == a
