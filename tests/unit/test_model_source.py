@@ -1,0 +1,142 @@
+"""The draft model as a draft source (`pipeline.drafting.model_source`): on hand-made
+passes it takes the model's draft where the trees have little and the trees' where they
+are sure, runs the model only for the requests where it may win, trains between steps,
+and carries its whole state through a checkpoint."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipeline.drafting.choice import MODEL, TREE
+from pipeline.drafting.draft_model import DraftModel, DraftShape
+from pipeline.drafting.draft_train import DraftTrainer, TrainSettings
+from pipeline.drafting.model_source import PROBE_PASSES, ModelSource
+
+SMALL = DraftShape(vocab_size=24, hidden_size=32, layers=1, heads=4, kv_heads=2, head_dim=8,
+                   intermediate_size=32, max_positions=64)
+PROMPT, RESPONSE = [1, 5, 9, 7, 2], [5, 7, 9, 11, 13, 0]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _source(seed: int = 0, updates: int = 60, shape: DraftShape = SMALL) -> ModelSource:
+    trainer = DraftTrainer(DraftModel(shape, seed=seed),
+                           TrainSettings(updates=updates, batch=8, lr=1e-2), seed=seed)
+    return ModelSource(trainer, max_len=4)
+
+
+def _trained(**kw) -> ModelSource:
+    source = _source(**kw)
+    report = source.train([(PROMPT, RESPONSE)] * 8)
+    assert report.loss_after < report.loss_before
+    return source
+
+
+def _remaining(ids):
+    return [(20.0, 5.0)] * len(ids)
+
+
+def _choose(source, trees, available=None, contexts=None):
+    contexts = contexts or [PROMPT] * len(trees)
+    available = available or [4] * len(trees)
+    return source.choose([f"r{j}" for j in range(len(trees))], trees, available,
+                         lambda j: contexts[j], _remaining)
+
+
+def test_the_model_drafts_where_the_trees_have_nothing_and_the_trees_where_they_are_sure():
+    source = _trained()
+    sure_tree = ([5, 7, 9, 11], [1.0, 1.0, 1.0, 1.0])  # every token certain
+    picks = _choose(source, [([], []), sure_tree])
+    assert picks[0] == (MODEL, [5, 7, 9, 11])  # the learnt response
+    assert picks[1] == (TREE, [5, 7, 9, 11])
+    assert source.stats.chosen == 1 and source.stats.drafted == 4
+
+
+def test_a_doubtful_tree_draft_loses_to_a_sure_model_draft():
+    source = _trained()
+    doubtful = ([5, 8, 8, 8], [0.3, 0.05, 0.01, 0.001])
+    assert _choose(source, [doubtful])[0] == (MODEL, [5, 7, 9, 11])
+
+
+def test_a_request_that_will_not_end_the_step_drafts_only_what_pays_for_its_tokens():
+    """The critical-path weight: the request predicted to end last drafts the untrained
+    model's unlikely tokens (an accepted one shortens the step), one predicted to end
+    far sooner does not (an accepted token only saves its own verification)."""
+    source = _source(updates=1)  # near-random weights: every token about 1/24 likely
+    remaining = {"r0": (5.0, 1.0), "r1": (100.0, 5.0)}
+    picks = source.choose(["r0", "r1"], [([], []), ([], [])], [4, 4], lambda j: PROMPT,
+                          lambda ids: [remaining[r] for r in ids])
+    assert picks[0] == ("none", [])
+    assert picks[1][0] == MODEL and picks[1][1]
+
+
+def test_drafts_never_exceed_a_requests_room():
+    source = _trained()
+    picks = _choose(source, [([], []), ([], [])], available=[2, 0])
+    assert picks[0] == (MODEL, [5, 7]) and picks[1] == ("none", [])
+
+
+def test_the_model_runs_only_where_it_may_win_and_probes_the_others_again():
+    source = _trained()
+    sure_tree = ([5, 7, 9, 11], [1.0, 1.0, 1.0, 1.0])
+    _choose(source, [sure_tree])  # first pass: asked, its draft expected to lose
+    assert source.stats.ran == 1
+    for _ in range(PROBE_PASSES - 1):
+        _choose(source, [sure_tree])
+    assert source.stats.ran == 1  # not asked while the tree is expected to do better
+    _choose(source, [sure_tree])
+    assert source.stats.ran == 2  # asked again after PROBE_PASSES passes
+    _choose(source, [([], [])])  # the tree has nothing: its last draft was expected to win
+    assert source.stats.ran == 3
+
+
+def test_choices_are_the_same_whatever_was_cached():
+    a, b = _trained(), _trained()
+    trees = [([], []), ([5, 7], [0.9, 0.5])]
+    contexts = [PROMPT, PROMPT + [5, 7]]
+    _choose(a, trees, contexts=contexts)  # a's cache holds these contexts; b's is empty
+    assert _choose(a, trees, contexts=contexts) == _choose(b, trees, contexts=contexts)
+
+
+def test_training_clears_the_caches_of_the_old_weights():
+    source = _trained()
+    _choose(source, [([], [])])
+    assert len(source.cache) == 1
+    source.train([(PROMPT, RESPONSE)] * 8)
+    assert len(source.cache) == 0
+
+
+def test_save_and_load_carry_weights_moments_and_counters(tmp_path):
+    source = _trained()
+    source.save(tmp_path, 3)
+    other = _source(seed=7)
+    assert other.load(tmp_path, 3)
+    for (n, p), (_, q) in zip(source.trainer.model.named_parameters(),
+                              other.trainer.model.named_parameters()):
+        assert torch.equal(p, q), n
+    assert other.trainer.calls == source.trainer.calls
+    # the same next training call and the same drafts after it
+    more = [(PROMPT, [5, 7, 0])] * 4
+    source.train(more)
+    other.train(more)
+    assert _choose(source, [([], [])]) == _choose(other, [([], [])])
+    assert not other.load(tmp_path, 4)  # no file for that rank: nothing loaded
+
+
+def test_a_state_of_another_shape_or_kind_is_refused(tmp_path):
+    import dataclasses
+
+    _trained().save(tmp_path, 0)
+    wider = _source(shape=dataclasses.replace(SMALL, intermediate_size=64))
+    with pytest.raises(ValueError, match="another shape"):
+        wider.load(tmp_path, 0)
+    (tmp_path / "model-rank-1.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(ValueError, match="cannot be read"):
+        _source().load(tmp_path, 1)
