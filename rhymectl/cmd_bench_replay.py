@@ -34,7 +34,7 @@ def replay(
     run_dir: Path = typer.Argument(..., help="A run directory written by `rhymectl train`."),
     overrides: Optional[List[str]] = typer.Argument(None, help="spec.* or model.path "
                                                     "overrides, e.g. spec.num_speculative_tokens=16"),
-    methods: str = typer.Option("suffix,history+group", "--methods",
+    methods: str = typer.Option("suffix,history+group,history+group+model", "--methods",
                                 help="Comma-separated methods (none is always counted)."),
     from_step: Optional[int] = typer.Option(None, "--from-step", help="First step summed "
                                             "(earlier ones only give history) [the first "
@@ -84,13 +84,16 @@ def replay(
 def _run(run_replay, steps, cfg, names, first) -> dict:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+    from pipeline.rollout.speculation import PolicySource
+
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   console=log, transient=True) as progress:
         task = progress.add_task("bench replay", total=1 + len(names) * len(steps))
         return run_replay(steps, cfg.spec, names, first,
                           cfg.data.max_prompt_length + cfg.rollout.max_tokens,
                           lambda what: progress.update(task, description=f"bench replay: {what}",
-                                                       advance=1))
+                                                       advance=1),
+                          PolicySource(cfg.model.path, cfg.run.seed, cfg.rollout.temperature))
 
 
 def _render(result: dict) -> None:

@@ -139,7 +139,8 @@ class _Work:
 class Replayer:
     """One method's proposer, kept across the run's steps as an engine keeps it."""
 
-    def __init__(self, method: str, spec, rows: int, width: int, max_model_len: int):
+    def __init__(self, method: str, spec, rows: int, width: int, max_model_len: int,
+                 policy=None):
         self.method = method
         self.batch = InputBatch(rows, width)
         self.drafter_s = 0.0
@@ -156,7 +157,7 @@ class Replayer:
             spec = replace(spec, method=method)
             # inline: the same drafts as with the background thread, in a fixed order
             self.drafting = Drafting(simulated_runner(spec, self.batch, max_model_len), spec,
-                                     background=False)
+                                     background=False, policy=policy)
             proposer, batch = self.drafting.proposer, self.batch
             self._propose = lambda sampled: proposer.propose(
                 sampled, batch.num_tokens_no_spec, batch.token_ids_cpu)
@@ -180,6 +181,9 @@ class Replayer:
             if upcoming is not None:
                 self.drafting.prepare(upcoming.prompts)
             self.drafting.remember(st.records)
+            if self.drafting.model is not None:  # as the loop trains it, after the step
+                self.drafting.train_model([(p, r) for p, group in zip(st.prompts, st.responses)
+                                           for r in group])
         return out
 
 
@@ -204,15 +208,29 @@ def _summary(paths: list[StepPath], replays: list[StepReplay] | None, measured: 
     return out
 
 
+def _model_summary(stats: list, measured: list[bool]) -> dict:
+    """The draft model's share of the measured steps' drafts (`ModelStats` per step)."""
+    chosen = [s for s, m in zip(stats, measured) if m]
+    drafted = sum(s.drafted for s in chosen)
+    return {"model_rows": sum(s.ran for s in chosen),
+            "model_chosen": sum(s.chosen for s in chosen),
+            "model_draft_tokens": drafted,
+            "model_accept_rate": round(sum(s.accepted for s in chosen) / drafted, 4)
+            if drafted else 0.0,
+            "model_s": round(sum(s.seconds for s in chosen), 3)}
+
+
 def _median(values) -> float | None:
     known = [v for v in values if v is not None]
     return round(median(known), 4) if known else None
 
 
 def replay(steps: list[ReplayStep], spec, methods: Sequence[str], first_measured: int,
-           max_model_len: int, progress: Progress = lambda what: None) -> dict:
+           max_model_len: int, progress: Progress = lambda what: None, policy=None) -> dict:
     """Every step through every method (`none` always); steps from `first_measured` on are
-    summed (the earlier ones give the drafters their history)."""
+    summed (the earlier ones give the drafters their history). policy: the run's
+    `PolicySource`, which a method with a draft model starts it from (trained after each
+    step on the step's responses, as the loop trains it)."""
     bad = [m for m in methods if m not in REPLAYABLE]
     if bad:
         raise UsageError(f"--methods: {', '.join(bad)} cannot be replayed; choose from "
@@ -227,12 +245,16 @@ def replay(steps: list[ReplayStep], spec, methods: Sequence[str], first_measured
     result = {"none": _summary([none_path(st) for st in steps], None, measured)}
     progress("none")
     for method in methods:
-        rep = Replayer(method, spec, rows, width, max(width, max_model_len))
-        outs = []
+        rep = Replayer(method, spec, rows, width, max(width, max_model_len), policy)
+        outs, model = [], []
         for st, upcoming in zip(steps, [*steps[1:], None]):
             outs.append(rep.step(st, upcoming))
+            if rep.drafting is not None and rep.drafting.model is not None:
+                model.append(rep.drafting.model.reset_stats()[0])
             progress(method)
         result[method] = _summary([o.path for o in outs], outs, measured, rep.drafter_s)
+        if model:
+            result[method].update(_model_summary(model, measured))
     if "suffix" in result:
         ref = result["suffix"]
         for name, r in result.items():

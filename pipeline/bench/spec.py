@@ -258,6 +258,11 @@ def _learn_history(engine, method: str, records: list, prompts: dict[str, list[i
     if engine.drafting is not None:
         for epoch in sorted({r.epoch for r in records}):  # epoch by epoch, as training does
             engine.drafting.remember([r for r in records if r.epoch == epoch])
+        if engine.drafting.model is not None:  # the draft model learns step by step, too
+            for step in sorted({r.step for r in records}):
+                engine.drafting.train_model([(prompts[r.prompt_hash], r.response_ids)
+                                             for r in records
+                                             if r.step == step and r.prompt_hash in prompts])
     elif method == "suffix":
         engine.warm_suffix_cache((prompts.get(r.prompt_hash, []), r.response_ids)
                                  for r in records)
