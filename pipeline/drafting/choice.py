@@ -1,5 +1,6 @@
-"""Per request and pass: a tree draft, a model draft, or nothing (a prototype of the rule;
-nothing drives it yet).
+"""Per request and pass: a tree draft, a model draft, or nothing (the rule
+`pipeline.drafting.model_source.ModelSource.choose` applies in every pass of
+`spec.method: history+group+model`).
 
 The trees draft what earlier responses and siblings wrote; the draft model
 (`pipeline.drafting.draft_model`) drafts what the policy would compute. A pass may verify

@@ -231,9 +231,22 @@ class DraftModel(nn.Module):
         x = self.model.embed_tokens(ids)
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, mask, None if caches is None else caches[i])
-        x = self.model.norm(x)
+        return self.logits(self.model.norm(x))
+
+    def hidden(self, ids: torch.Tensor) -> torch.Tensor:
+        """The final-norm hidden states [b, t, hidden] of right-padded ids (causal)."""
+        b, t = ids.shape
+        cos, sin = self._rope(torch.arange(t).expand(b, t))
+        mask = torch.ones(t, t, dtype=torch.bool).tril()
+        x = self.model.embed_tokens(ids)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, mask, None)
+        return self.model.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head on final-norm hidden states [..., hidden]."""
         head = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return x @ head.T
+        return hidden @ head.T
 
     def hf_config(self) -> dict:
         """A Hugging Face `LlamaForCausalLM` config for these weights."""

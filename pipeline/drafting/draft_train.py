@@ -82,10 +82,14 @@ class DraftTrainer:
         for j, (seq, start, w) in enumerate(batch):
             ids[j, :len(seq)] = torch.tensor(seq, dtype=torch.long)
             weight[j, start - 1:len(seq) - 1] = w  # positions that predict response tokens
-        logits = self.model(ids[:, :-1])  # right padding: the causal mask suffices
-        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
-                             reduction="none").view_as(weight)
-        return (ce * weight).sum() / weight.sum().clamp(min=1e-9), int((weight > 0).sum())
+        # right padding: the causal mask suffices; the LM head (the vocabulary-wide matmul,
+        # most of the cost for a real vocabulary) only where a response token is predicted
+        hidden = self.model.hidden(ids[:, :-1])
+        where = weight > 0
+        logits = self.model.logits(hidden[where])
+        ce = F.cross_entropy(logits, ids[:, 1:][where], reduction="none")
+        w = weight[where]
+        return (ce * w).sum() / w.sum().clamp(min=1e-9), int(where.sum())
 
     def loss(self, rollouts: Sequence[tuple[Sequence[int], Sequence[int]]]) -> float:
         """The weighted loss on `rollouts` (no update)."""
