@@ -5,17 +5,20 @@ the policy, `pipeline.drafting.draft_model.from_policy`) and, during a rollout, 
 request's keys and values (`DraftCache`). The proposer asks it once per pass, after the
 budget has granted the trees' drafts:
 
-- which candidates the model drafts for: those it has not drafted for yet, those whose
-  last model draft was expected to beat the tree's draft they have now, and every request
-  again after `PROBE_PASSES` passes without (a prediction from its own last draft, so
-  the model's forward is not paid for rows where the trees draft better);
+- which candidates the model drafts for: every one with room except those whose tree
+  draft is expected to have within one token of as many tokens accepted as the request
+  may draft (the model could add at most one), so that the model's forward is not paid
+  where the trees already draft about all there is to draft;
 - the model's greedy draft for them (`propose_cached`, k = the engine's per-request cap),
   with its probability of each drafted token at the rollout's temperature (at T = 0,
   at T = 1: how sure it is that its argmax is the policy's);
-- per request, the tree's draft, the model's draft or nothing
-  (`pipeline.drafting.choice.choose`: expected accepted tokens, weighted toward the
-  requests predicted to end the step, per unit of the pass cost they add, priced with the
-  fixed `DRAFT_COST` so that a seeded rerun chooses the same).
+- per request, the tree's draft, the model's draft or nothing. Under `spec.budget: tree`
+  (every request drafts what its source supports) the model's draft is cut where its path
+  probability falls below `spec.min_path_prob`, as the trees cut theirs, and the source
+  with more expected accepted tokens wins. Under the priced budgets (`critical`,
+  `throughput`) `pipeline.drafting.choice.choose` decides: expected accepted tokens,
+  weighted toward the requests predicted to end the step, per unit of the pass cost they
+  add, priced with the fixed `DRAFT_COST` so that a seeded rerun chooses the same.
 
 Between steps `train(rollouts)` runs the trainer's fixed number of AdamW updates on the
 step's responses (never inside a rollout), and clears the cache, whose keys and values
@@ -41,7 +44,6 @@ from pipeline.drafting.draft_model import from_policy, shape_for
 from pipeline.drafting.draft_propose import DraftCache, expected_accepted, propose_cached
 from pipeline.drafting.draft_train import DraftTrainer, TrainReport, TrainSettings
 
-PROBE_PASSES = 8  # a request the model has not drafted for in this many passes is asked again
 STATE_NAME = "model-rank-{rank}.safetensors"  # in a checkpoint's drafting/ folder
 
 
@@ -76,23 +78,25 @@ def policy_state(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
 class ModelSource:
     """The draft model, its per-request caches and its choice against the trees."""
 
-    def __init__(self, trainer: DraftTrainer, max_len: int):
+    def __init__(self, trainer: DraftTrainer, max_len: int, priced: bool = True,
+                 min_path_prob: float = 0.1):
         self.trainer = trainer
         self.max_len = int(max_len)
+        self.priced = priced
+        self.min_path_prob = float(min_path_prob)
         self.temperature = 1.0
         self.cache = DraftCache()
-        self._last: dict[Hashable, tuple[float, int]] = {}  # req -> (expected, pass asked)
-        self._passes = 0
         self.stats = ModelStats()
         self.reports: list[TrainReport] = []  # `train` calls since the last `reset_stats`
 
     @classmethod
     def from_policy(cls, policy_dir: str | Path, *, layers: int, settings: TrainSettings,
-                    seed: int, max_len: int) -> "ModelSource":
+                    seed: int, max_len: int, priced: bool = True,
+                    min_path_prob: float = 0.1) -> "ModelSource":
         config, state = policy_state(policy_dir)
         model = from_policy(config, state, shape_for(config, layers=layers), seed=seed)
         model.eval()
-        return cls(DraftTrainer(model, settings, seed), max_len)
+        return cls(DraftTrainer(model, settings, seed), max_len, priced, min_path_prob)
 
     # -- a rollout ----------------------------------------------------------------------
     def set_temperature(self, temperature: float) -> None:
@@ -106,14 +110,15 @@ class ModelSource:
         """(source, tokens) per candidate of one pass. trees[j]: the tokens the budget
         granted candidate j from the trees and their path probabilities; available[j]: the
         most tokens it may draft; context(j): its tokens so far (prompt and output)."""
-        self._passes += 1
-        now = self._passes
-        tree_e = [float(sum(probs)) for _, probs in trees]
-        run = [j for j, r in enumerate(req_ids) if available[j] > 0 and self._worth(r, tree_e[j], now)]
+        k = self.max_len
+        # the model can add at most min(k, room) - E(tree) expected tokens: not run where
+        # that is one token or less
+        run = [j for j, (_, probs) in enumerate(trees)
+               if available[j] > 0 and float(sum(probs)) < min(k, available[j]) - 1]
         out = [(TREE if toks else "none", list(toks)) for toks, _ in trees]
         if not run:
             return out
-        k = min(self.max_len, max(available[j] for j in run))
+        k = min(k, max(available[j] for j in run))
         start = time.perf_counter()
         ids = [req_ids[j] for j in run]
         toks, probs = propose_cached(self.trainer.model, self.cache, ids,
@@ -126,20 +131,35 @@ class ModelSource:
             cap = available[j]
             tree_toks, tree_probs = trees[j]
             model = SourceDraft(tuple(toks[n][:cap]), tuple(probs[n][:cap]))
-            self._last[req_ids[j]] = (expected_accepted(model.accept), now)
             options.append(Options(req_ids[j], _tree_draft(tree_toks, tree_probs), model,
                                    tuple(rem[n])))
-        costs = ChoiceCosts(DRAFT_COST, max_len=self.max_len)  # the model's pass is paid
-        for j, c in zip(run, choose(options, costs)):
-            out[j] = (c.source, list(c.tokens))
-            if c.source == MODEL:
+        if self.priced:
+            costs = ChoiceCosts(DRAFT_COST, max_len=self.max_len)  # the model's pass is paid
+            picks = [(c.source, c.tokens) for c in choose(options, costs)]
+        else:
+            picks = [self._likelier(o) for o in options]
+        for j, (source, tokens) in zip(run, picks):
+            out[j] = (source, list(tokens))
+            if source == MODEL:
                 self.stats.chosen += 1
-                self.stats.drafted += len(c.tokens)
+                self.stats.drafted += len(tokens)
         return out
 
-    def _worth(self, req_id: Hashable, tree_expected: float, now: int) -> bool:
-        last = self._last.get(req_id)
-        return last is None or last[0] > tree_expected or now - last[1] >= PROBE_PASSES
+    def _likelier(self, o: Options) -> tuple[str, tuple[int, ...]]:
+        """Unpriced (the `tree` budget: every request drafts what its source supports):
+        the model's draft cut where its path probability falls below min_path_prob, as
+        the trees cut theirs, if it is expected to have more tokens accepted than the
+        tree's draft; else the tree's."""
+        keep, run, model_e = 0, 1.0, 0.0
+        for a in o.model.accept:
+            run *= float(a)
+            if run < self.min_path_prob:
+                break
+            keep, model_e = keep + 1, model_e + run
+        tree_e = expected_accepted(o.tree.accept) if o.tree else 0.0
+        if keep and model_e > tree_e:
+            return MODEL, o.model.tokens[:keep]
+        return (TREE, o.tree.tokens) if o.tree else ("none", ())
 
     def observe(self, req_id: Hashable, proposed: int, accepted: int) -> None:
         """The request's model draft of `proposed` tokens had `accepted` accepted."""
@@ -148,11 +168,9 @@ class ModelSource:
     def forget(self, req_id: Hashable) -> None:
         """The request stopped."""
         self.cache.forget(req_id)
-        self._last.pop(req_id, None)
 
     def end_step(self) -> None:
         self.cache.clear()
-        self._last.clear()
 
     def reset_stats(self) -> tuple[ModelStats, list[TrainReport]]:
         stats, reports = self.stats, self.reports
@@ -164,7 +182,6 @@ class ModelSource:
         """The trainer's updates on one step's (prompt ids, response ids); the cache goes
         (it holds the old weights' keys and values)."""
         self.cache.clear()
-        self._last.clear()
         report = self.trainer.train(rollouts)
         self.reports.append(report)
         return report
@@ -209,4 +226,4 @@ def _tree_draft(tokens: Sequence[int], path_probs: Sequence[float]) -> SourceDra
     return SourceDraft(tuple(tokens), tuple(accept))
 
 
-__all__ = ["ModelSource", "ModelStats", "PROBE_PASSES", "STATE_NAME", "policy_state"]
+__all__ = ["ModelSource", "ModelStats", "STATE_NAME", "policy_state"]

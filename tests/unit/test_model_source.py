@@ -11,7 +11,7 @@ import torch
 from pipeline.drafting.choice import MODEL, TREE
 from pipeline.drafting.draft_model import DraftModel, DraftShape
 from pipeline.drafting.draft_train import DraftTrainer, TrainSettings
-from pipeline.drafting.model_source import PROBE_PASSES, ModelSource
+from pipeline.drafting.model_source import ModelSource
 
 SMALL = DraftShape(vocab_size=24, hidden_size=32, layers=1, heads=4, kv_heads=2, head_dim=8,
                    intermediate_size=32, max_positions=64)
@@ -26,13 +26,14 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def _source(seed: int = 0, updates: int = 60, shape: DraftShape = SMALL) -> ModelSource:
+def _source(seed: int = 0, updates: int = 60, shape: DraftShape = SMALL,
+            priced: bool = True) -> ModelSource:
     trainer = DraftTrainer(DraftModel(shape, seed=seed),
                            TrainSettings(updates=updates, batch=8, lr=1e-2), seed=seed)
-    return ModelSource(trainer, max_len=4)
+    return ModelSource(trainer, max_len=4, priced=priced)
 
 
-def _trained(**kw) -> ModelSource:
+def _trained(**kw) -> ModelSource:  # it has learnt PROMPT -> RESPONSE
     source = _source(**kw)
     report = source.train([(PROMPT, RESPONSE)] * 8)
     assert report.loss_after < report.loss_before
@@ -83,18 +84,27 @@ def test_drafts_never_exceed_a_requests_room():
     assert picks[0] == (MODEL, [5, 7]) and picks[1] == ("none", [])
 
 
-def test_the_model_runs_only_where_it_may_win_and_probes_the_others_again():
+def test_the_model_is_not_run_where_the_trees_draft_about_all_there_is():
     source = _trained()
-    sure_tree = ([5, 7, 9, 11], [1.0, 1.0, 1.0, 1.0])
-    _choose(source, [sure_tree])  # first pass: asked, its draft expected to lose
+    sure_tree = ([5, 7, 9, 11], [1.0, 1.0, 1.0, 1.0])  # E = 4 of the 4 it may draft
+    nearly = ([5, 7, 9], [1.0, 1.0, 0.9])  # E = 2.9: the model could add at most 1.1
+    assert _choose(source, [sure_tree]) == [(TREE, [5, 7, 9, 11])]
+    assert source.stats.ran == 0
+    _choose(source, [nearly])
     assert source.stats.ran == 1
-    for _ in range(PROBE_PASSES - 1):
-        _choose(source, [sure_tree])
-    assert source.stats.ran == 1  # not asked while the tree is expected to do better
-    _choose(source, [sure_tree])
-    assert source.stats.ran == 2  # asked again after PROBE_PASSES passes
-    _choose(source, [([], [])])  # the tree has nothing: its last draft was expected to win
-    assert source.stats.ran == 3
+    _choose(source, [sure_tree, ([], [])])
+    assert source.stats.ran == 2  # only the second request
+
+
+def test_under_the_tree_budget_the_likelier_source_drafts_what_it_supports():
+    """Unpriced: every request gets the draft with more expected accepted tokens, the
+    model's cut where its path probability falls below min_path_prob (0.1)."""
+    source = _trained(priced=False)
+    doubtful = ([5, 8], [0.3, 0.05])
+    far = _source(updates=1, priced=False)  # near-random: its first token ~1/24 likely
+    assert _choose(source, [doubtful]) == [(MODEL, [5, 7, 9, 11])]
+    assert _choose(far, [doubtful]) == [(TREE, [5, 8])]
+    assert _choose(far, [([], [])]) == [("none", [])]
 
 
 def test_choices_are_the_same_whatever_was_cached():
