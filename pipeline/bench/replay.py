@@ -204,7 +204,8 @@ def _summary(paths: list[StepPath], replays: list[StepReplay] | None, measured: 
         seq, emitted = sum(r.seq_passes for r in rs), sum(r.emitted for r in rs)
         out.update(tau=round(emitted / seq, 4) if seq else 1.0,
                    accept_rate=round(accepted / drafted, 4) if drafted else 0.0,
-                   draft_tokens=drafted, drafter_s=round(drafter_s, 3))
+                   draft_tokens=drafted, drafter_s=round(drafter_s, 3),
+                   drafter_ms_per_pass=round(1e3 * drafter_s / out["passes"], 3))
     return out
 
 
@@ -217,7 +218,8 @@ def _model_summary(stats: list, measured: list[bool]) -> dict:
             "model_draft_tokens": drafted,
             "model_accept_rate": round(sum(s.accepted for s in chosen) / drafted, 4)
             if drafted else 0.0,
-            "model_s": round(sum(s.seconds for s in chosen), 3)}
+            "model_s": round(sum(s.seconds for s in chosen), 3),
+            "model_train_s": round(sum(s.train_s for s in chosen), 3)}
 
 
 def _median(values) -> float | None:
@@ -246,13 +248,15 @@ def replay(steps: list[ReplayStep], spec, methods: Sequence[str], first_measured
     progress("none")
     for method in methods:
         rep = Replayer(method, spec, rows, width, max(width, max_model_len), policy)
-        outs, model = [], []
-        for st, upcoming in zip(steps, [*steps[1:], None]):
+        outs, model, drafter_s = [], [], 0.0
+        for st, upcoming, m in zip(steps, [*steps[1:], None], measured):
+            before = rep.drafter_s
             outs.append(rep.step(st, upcoming))
+            drafter_s += (rep.drafter_s - before) if m else 0.0
             if rep.drafting is not None and rep.drafting.model is not None:
                 model.append(rep.drafting.model.reset_stats()[0])
             progress(method)
-        result[method] = _summary([o.path for o in outs], outs, measured, rep.drafter_s)
+        result[method] = _summary([o.path for o in outs], outs, measured, drafter_s)
         if model:
             result[method].update(_model_summary(model, measured))
     if "suffix" in result:

@@ -50,14 +50,15 @@ STATE_NAME = "model-rank-{rank}.safetensors"  # in a checkpoint's drafting/ fold
 @dataclass
 class ModelStats:
     """Counters since the last `reset_stats`: rows the model drafted for (ran), rows that
-    took its draft (chosen), its draft tokens proposed and accepted, and the seconds of its
-    forward passes."""
+    took its draft (chosen), its draft tokens proposed and accepted, the seconds of its
+    forward passes, and of its training."""
 
     ran: int = 0
     chosen: int = 0
     drafted: int = 0
     accepted: int = 0
     seconds: float = 0.0
+    train_s: float = 0.0  # in `train` since the last reset
 
 
 def policy_state(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -184,6 +185,7 @@ class ModelSource:
         self.cache.clear()
         report = self.trainer.train(rollouts)
         self.reports.append(report)
+        self.stats.train_s += report.seconds
         return report
 
     def save(self, folder: Path, rank: int) -> Path:
