@@ -213,7 +213,8 @@ def _model_summary(stats: list, measured: list[bool]) -> dict:
     """The draft model's share of the measured steps' drafts (`ModelStats` per step)."""
     chosen = [s for s, m in zip(stats, measured) if m]
     drafted = sum(s.drafted for s in chosen)
-    return {"model_rows": sum(s.ran for s in chosen),
+    return {"model_passes": sum(s.passes for s in chosen),
+            "model_rows": sum(s.ran for s in chosen),
             "model_chosen": sum(s.chosen for s in chosen),
             "model_draft_tokens": drafted,
             "model_accept_rate": round(sum(s.accepted for s in chosen) / drafted, 4)

@@ -49,10 +49,12 @@ STATE_NAME = "model-rank-{rank}.safetensors"  # in a checkpoint's drafting/ fold
 
 @dataclass
 class ModelStats:
-    """Counters since the last `reset_stats`: rows the model drafted for (ran), rows that
+    """Counters since the last `reset_stats`: passes that ran the model, rows it drafted
+    for (ran), rows that
     took its draft (chosen), its draft tokens proposed and accepted, the seconds of its
     forward passes, and of its training."""
 
+    passes: int = 0  # passes that ran the model
     ran: int = 0
     chosen: int = 0
     drafted: int = 0
@@ -125,6 +127,7 @@ class ModelSource:
         toks, probs = propose_cached(self.trainer.model, self.cache, ids,
                                      [context(j) for j in run], k, self.temperature)
         self.stats.seconds += time.perf_counter() - start
+        self.stats.passes += 1
         self.stats.ran += len(run)
         rem = remaining(ids)
         options = []
