@@ -1,5 +1,6 @@
 """Reproducible speculation on the real engines: a seeded run under history+group at T = 1
-is the same run whatever the drafter thread's timing, under every draft budget, and a run
+is the same run whatever the drafter thread's timing (the tree budget, which presumes the
+next drafts, and the critical one, whose caps follow what it learnt), and a run
 killed after a checkpoint and resumed continues it token for token
 (docs/speculation.md, "Reproducible speculation"). The critical budget's runs use
 history+group+model, so that the draft model's online training, its per-request choice
@@ -37,8 +38,7 @@ ARGS = ["data.train_size=8", "data.train_batch_size=4", "train.ppo_mini_batch_si
 COUNTS = ("spec_passes", "spec_critical_passes", "spec_drafted_tokens",
           "spec_accepted_tokens", "spec_tau", "spec_tail_passes", "spec_model_chosen",
           "spec_model_drafted_tokens", "spec_model_accepted_tokens", "draft_loss_after")
-METHOD = {"tree": "history+group", "throughput": "history+group",
-          "critical": "history+group+model"}
+METHOD = {"tree": "history+group", "critical": "history+group+model"}
 
 
 def train(model: Path, run_dir: Path, budget: str, env_extra: dict | None = None,
@@ -82,7 +82,9 @@ def uninterrupted(tiny_model, tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("budget", ["tree", "critical", "throughput"])
+# `throughput` is held to the same under thread timing that differs between two ranks
+# (test_tp_rollout: both ranks of a TP group draft alike under every budget)
+@pytest.mark.parametrize("budget", ["tree", "critical"])
 def test_two_fresh_runs_are_the_same_run_whatever_the_drafter_timing(tiny_model, tmp_path,
                                                                       uninterrupted, budget):
     """The second run's drafter thread sleeps at random before each step of its jobs, so
