@@ -44,7 +44,8 @@ from pipeline.drafting.draft_model import from_policy, shape_for
 from pipeline.drafting.draft_propose import DraftCache, expected_accepted, propose_cached
 from pipeline.drafting.draft_train import DraftTrainer, TrainReport, TrainSettings
 
-STATE_NAME = "model-rank-{rank}.safetensors"  # in a checkpoint's drafting/ folder
+STATE_NAME = "model-rank-{rank}.safetensors"
+CALIBRATION_PRIOR = 8.0  # tokens: how much evidence the model's own estimates start with  # in a checkpoint's drafting/ folder
 
 
 @dataclass
@@ -90,6 +91,11 @@ class ModelSource:
         self.temperature = 1.0
         self.cache = DraftCache()
         self.stats = ModelStats()
+        # this rollout's drafts by source: expected accepted tokens (the source's own
+        # estimate) and accepted ones, which scale later estimates (`_calibrated`); per
+        # request, the source and estimate of its draft out
+        self._evidence = {TREE: [0.0, 0.0], MODEL: [0.0, 0.0]}
+        self._out: dict[Hashable, tuple[str, float]] = {}
         self.reports: list[TrainReport] = []  # `train` calls since the last `reset_stats`
 
     @classmethod
@@ -119,62 +125,103 @@ class ModelSource:
         run = [j for j, (_, probs) in enumerate(trees)
                if available[j] > 0 and float(sum(probs)) < min(k, available[j]) - 1]
         out = [(TREE if toks else "none", list(toks)) for toks, _ in trees]
-        if not run:
-            return out
-        k = min(k, max(available[j] for j in run))
-        start = time.perf_counter()
-        ids = [req_ids[j] for j in run]
-        toks, probs = propose_cached(self.trainer.model, self.cache, ids,
-                                     [context(j) for j in run], k, self.temperature)
-        self.stats.seconds += time.perf_counter() - start
-        self.stats.passes += 1
-        self.stats.ran += len(run)
-        rem = remaining(ids)
-        options = []
-        for n, j in enumerate(run):
-            cap = available[j]
-            tree_toks, tree_probs = trees[j]
-            model = SourceDraft(tuple(toks[n][:cap]), tuple(probs[n][:cap]))
-            options.append(Options(req_ids[j], _tree_draft(tree_toks, tree_probs), model,
-                                   tuple(rem[n])))
-        if self.priced:
-            costs = ChoiceCosts(DRAFT_COST, max_len=self.max_len)  # the model's pass is paid
-            picks = [(c.source, c.tokens) for c in choose(options, costs)]
-        else:
-            picks = [self._likelier(o) for o in options]
-        for j, (source, tokens) in zip(run, picks):
-            out[j] = (source, list(tokens))
-            if source == MODEL:
-                self.stats.chosen += 1
-                self.stats.drafted += len(tokens)
+        raw = [float(sum(probs)) for _, probs in trees]  # a tree draft's expected accepted
+        if run:
+            k = min(k, max(available[j] for j in run))
+            start = time.perf_counter()
+            ids = [req_ids[j] for j in run]
+            toks, probs = propose_cached(self.trainer.model, self.cache, ids,
+                                         [context(j) for j in run], k, self.temperature)
+            self.stats.seconds += time.perf_counter() - start
+            self.stats.passes += 1
+            self.stats.ran += len(run)
+            rem = remaining(ids)
+            options, models = [], []
+            for n, j in enumerate(run):
+                cap = available[j]
+                model = SourceDraft(tuple(toks[n][:cap]), tuple(probs[n][:cap]))
+                models.append(model)
+                options.append(Options(req_ids[j], self._calibrated(
+                    _tree_draft(*trees[j]), TREE), self._calibrated(model, MODEL),
+                    tuple(rem[n])))
+            if self.priced:
+                costs = ChoiceCosts(DRAFT_COST, max_len=self.max_len)  # the model's pass is paid
+                picks = [(c.source, c.tokens) for c in choose(options, costs)]
+            else:
+                picks = [self._likelier(_tree_draft(*trees[j]), model)
+                         for j, model in zip(run, models)]
+            for model, j, (source, tokens) in zip(models, run, picks):
+                out[j] = (source, list(tokens))
+                if source == MODEL:
+                    self.stats.chosen += 1
+                    self.stats.drafted += len(tokens)
+                    raw[j] = expected_accepted(model.accept[:len(tokens)])
+                elif source == TREE:
+                    raw[j] = float(sum(trees[j][1][:len(tokens)]))
+        for req, (source, tokens), e in zip(req_ids, out, raw):
+            if tokens:
+                self._out[req] = (source, e)
         return out
 
-    def _likelier(self, o: Options) -> tuple[str, tuple[int, ...]]:
+    def _calibrated(self, draft: SourceDraft | None, source: str) -> SourceDraft | None:
+        """The draft with its first token's acceptance estimate scaled by how this
+        rollout's drafts from `source` fared: accepted over expected tokens, starting from
+        CALIBRATION_PRIOR tokens that met their estimate (a draft's expected accepted
+        tokens scale by the same factor; never up): what the priced rule weighs. A source
+        that is confident and wrong (a one-layer draft of a real model's text, trees on
+        text that wanders) then loses to the other and drafts less."""
+        ratio = self._ratio(source)
+        if draft is None or not draft.accept or ratio >= 1.0:
+            return draft
+        return SourceDraft(draft.tokens, (draft.accept[0] * ratio,) + draft.accept[1:])
+
+    def _likelier(self, tree: SourceDraft | None,
+                  model: SourceDraft) -> tuple[str, tuple[int, ...]]:
         """Unpriced (the `tree` budget: every request drafts what its source supports):
         the model's draft cut where its path probability falls below min_path_prob, as
         the trees cut theirs, if it is expected to have more tokens accepted than the
-        tree's draft; else the tree's."""
+        tree's draft, each source's estimate scaled by how its drafts fared in this
+        rollout (`_ratio`); else the tree's."""
         keep, run, model_e = 0, 1.0, 0.0
-        for a in o.model.accept:
+        for a in model.accept:
             run *= float(a)
             if run < self.min_path_prob:
                 break
             keep, model_e = keep + 1, model_e + run
-        tree_e = expected_accepted(o.tree.accept) if o.tree else 0.0
-        if keep and model_e > tree_e:
-            return MODEL, o.model.tokens[:keep]
-        return (TREE, o.tree.tokens) if o.tree else ("none", ())
+        tree_e = expected_accepted(tree.accept) * self._ratio(TREE) if tree else 0.0
+        if keep and model_e * self._ratio(MODEL) > tree_e:
+            return MODEL, model.tokens[:keep]
+        return (TREE, tree.tokens) if tree else ("none", ())
+
+    def _ratio(self, source: str) -> float:
+        """Accepted over expected tokens of this rollout's drafts from `source`, from
+        CALIBRATION_PRIOR tokens that met their estimate; at most 1."""
+        expected, accepted = self._evidence[source]
+        return min(1.0, (accepted + CALIBRATION_PRIOR) / (expected + CALIBRATION_PRIOR))
 
     def observe(self, req_id: Hashable, proposed: int, accepted: int) -> None:
-        """The request's model draft of `proposed` tokens had `accepted` accepted."""
-        self.stats.accepted += accepted
+        """The request's last draft (the trees' or the model's) of `proposed` tokens had
+        `accepted` accepted."""
+        out = self._out.pop(req_id, None)
+        if out is None:
+            return
+        source, expected = out
+        if source == MODEL:
+            self.stats.accepted += accepted
+        evidence = self._evidence[source]
+        evidence[0] += expected
+        evidence[1] += accepted
 
     def forget(self, req_id: Hashable) -> None:
         """The request stopped."""
         self.cache.forget(req_id)
+        self._out.pop(req_id, None)
 
     def end_step(self) -> None:
+        """The rollout is over: caches and calibration go (each rollout learns its own)."""
         self.cache.clear()
+        self._out.clear()
+        self._evidence = {TREE: [0.0, 0.0], MODEL: [0.0, 0.0]}
 
     def reset_stats(self) -> tuple[ModelStats, list[TrainReport]]:
         stats, reports = self.stats, self.reports

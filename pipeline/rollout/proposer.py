@@ -292,9 +292,10 @@ class RhymeProposer:
             k = proposed.pop(req_id)
             accepted = min(lens[i] - 1, k)
             stats.accepted += accepted
+            if self.model is not None:  # it weighs both sources by how they fare
+                self.model.observe(req_id, k, accepted)
             if req_id in self._from_model:
                 self._from_model.discard(req_id)
-                self.model.observe(req_id, k, accepted)
             else:
                 self.budget.observe(req_id, k, accepted)
 

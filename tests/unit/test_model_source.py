@@ -150,3 +150,21 @@ def test_a_state_of_another_shape_or_kind_is_refused(tmp_path):
     (tmp_path / "model-rank-1.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(ValueError, match="cannot be read"):
         _source().load(tmp_path, 1)
+
+
+@pytest.mark.parametrize("priced", [True, False])
+def test_a_source_whose_drafts_fail_loses_to_the_other_for_the_rest_of_the_rollout(priced):
+    """The model's own probabilities say its draft is sure; the verifier keeps rejecting
+    it. Scaled by accepted over expected tokens, its drafts then lose to a doubtful
+    tree's, until the rollout ends (each rollout learns its own)."""
+    source = _trained(priced=priced)
+    doubtful = ([5, 8], [0.6, 0.3])
+    picks = [_choose(source, [doubtful])[0]]
+    for _ in range(12):  # the verifier rejects the model's drafts, accepts the tree's
+        kind, tokens = picks[-1]
+        source.observe("r0", len(tokens), 0 if kind == MODEL else len(tokens))
+        picks.append(_choose(source, [doubtful])[0])
+    assert picks[0][0] == MODEL and picks[-1] == (TREE, [5, 8])
+    assert [kind for kind, _ in picks].count(MODEL) < 8
+    source.end_step()
+    assert _choose(source, [doubtful])[0][0] == MODEL
