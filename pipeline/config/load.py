@@ -17,8 +17,8 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 
-from pipeline.config.methods import DRAFTER_METHODS, method
-from pipeline.config.schema import Config
+from pipeline.config.methods import DRAFTER_METHODS, REGISTRY, method
+from pipeline.config.schema import Config, SpecConfig
 from pipeline.errors import UsageError, require_file
 
 
@@ -149,6 +149,22 @@ def cross_checks(cfg: Config) -> list[str]:
         out.append(f"spec.max_draft_rows = {cfg.spec.max_draft_rows} applies to rhymectl's "
                    f"drafters ({', '.join(DRAFTER_METHODS)}); vLLM's {served_by} proposer "
                    f"drafts in every pass: remove it or use one of them")
+    return out
+
+
+def draft_model_problems(cfg: Config) -> list[str]:
+    """A training run's spec.draft_* settings without a draft model (a bench, which runs
+    other methods than the config's, may set them)."""
+    if method(cfg.spec.method).model:
+        return []
+    defaults, out = SpecConfig(), []
+    with_model = [n for n, m in REGISTRY.items() if m.model]
+    for key in ("draft_layers", "draft_updates", "draft_lr"):
+        value = getattr(cfg.spec, key)
+        if value != getattr(defaults, key):
+            out.append(f"spec.{key} = {value} applies to a draft model "
+                       f"({', '.join(with_model)}), and spec.method is {cfg.spec.method}: "
+                       f"remove it or use that method")
     return out
 
 

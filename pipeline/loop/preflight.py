@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from pipeline.config import Config, ConfigError
+from pipeline.config.load import draft_model_problems
 from pipeline.errors import UsageError
 from pipeline.loop import loggers, rundir, tp_groups
 from pipeline.loop.batches import PromptSource
@@ -39,7 +40,7 @@ def preflight(cfg: Config, world_size: int, local_world: int | None = None,
             problems.append(str(exc))
             return None
 
-    for problem in world_problems(cfg, world_size):
+    for problem in world_problems(cfg, world_size) + draft_model_problems(cfg):
         problems.append(problem)
     attempt(check_vllm, cfg.rollout.allow_untested_vllm)
     attempt(check_tp, cfg, world_size, local_world)

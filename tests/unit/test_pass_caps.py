@@ -67,3 +67,15 @@ def test_max_draft_rows_is_for_rhymectls_drafters():
         with pytest.raises(ConfigError) as err:
             load_config(None, bad)
         assert err.value.problems == [line]
+
+
+def test_draft_model_settings_without_a_draft_model_are_refused_for_training():
+    from pipeline.config import load_config
+    from pipeline.config.load import draft_model_problems
+
+    cfg = load_config(None, ["spec.method=history+group", "spec.draft_updates=40"])
+    assert draft_model_problems(cfg) == [
+        "spec.draft_updates = 40 applies to a draft model (history+group+model), and "
+        "spec.method is history+group: remove it or use that method"]
+    assert draft_model_problems(load_config(None, ["spec.method=history+group+model",
+                                                   "spec.draft_updates=40"])) == []
