@@ -255,7 +255,7 @@ def replay(steps: list[ReplayStep], spec, methods: Sequence[str], first_measured
             outs.append(rep.step(st, upcoming))
             drafter_s += (rep.drafter_s - before) if m else 0.0
             if rep.drafting is not None and rep.drafting.model is not None:
-                model.append(rep.drafting.model.reset_stats()[0])
+                model.append(rep.drafting.model.reset_stats())
             progress(method)
         result[method] = _summary([o.path for o in outs], outs, measured, drafter_s)
         if model:

@@ -9,7 +9,7 @@ budget has granted the trees' drafts:
   draft is expected to have within one token of as many tokens accepted as the request
   may draft (the model could add at most one), so that the model's forward is not paid
   where the trees already draft about all there is to draft;
-- the model's greedy draft for them (`propose_cached`, k = the engine's per-request cap),
+- the model's greedy draft for them (`propose_cached`, k tokens, at most each one's room),
   with its probability of each drafted token at the rollout's temperature (at T = 0,
   at T = 1: how sure it is that its argmax is the policy's);
 - per request, the tree's draft, the model's draft or nothing. Under `spec.budget: tree`
@@ -19,6 +19,11 @@ budget has granted the trees' drafts:
   `throughput`) `pipeline.drafting.choice.choose` decides: expected accepted tokens,
   weighted toward the requests predicted to end the step, per unit of the pass cost they
   add, priced with the fixed `DRAFT_COST` so that a seeded rerun chooses the same.
+  Either way each source's estimates are first scaled by accepted over expected tokens of
+  its drafts so far in the rollout (`observe`, for both sources), so that a confident,
+  wrong source loses; the scaling restarts with every rollout.
+- the k of `propose_cached` is `spec.num_speculative_tokens` (`max_len`), not the longer
+  drafts of thin passes, which the trees alone make.
 
 Between steps `train(rollouts)` runs the trainer's fixed number of AdamW updates on the
 step's responses (never inside a rollout), and clears the cache, whose keys and values
@@ -96,7 +101,6 @@ class ModelSource:
         # request, the source and estimate of its draft out
         self._evidence = {TREE: [0.0, 0.0], MODEL: [0.0, 0.0]}
         self._out: dict[Hashable, tuple[str, float]] = {}
-        self.reports: list[TrainReport] = []  # `train` calls since the last `reset_stats`
 
     @classmethod
     def from_policy(cls, policy_dir: str | Path, *, layers: int, settings: TrainSettings,
@@ -223,10 +227,10 @@ class ModelSource:
         self._out.clear()
         self._evidence = {TREE: [0.0, 0.0], MODEL: [0.0, 0.0]}
 
-    def reset_stats(self) -> tuple[ModelStats, list[TrainReport]]:
-        stats, reports = self.stats, self.reports
-        self.stats, self.reports = ModelStats(), []
-        return stats, reports
+    def reset_stats(self) -> ModelStats:
+        """The counters so far; new ones start."""
+        stats, self.stats = self.stats, ModelStats()
+        return stats
 
     # -- between rollouts ---------------------------------------------------------------
     def train(self, rollouts: Sequence[tuple[Sequence[int], Sequence[int]]]) -> TrainReport:
@@ -234,7 +238,6 @@ class ModelSource:
         (it holds the old weights' keys and values)."""
         self.cache.clear()
         report = self.trainer.train(rollouts)
-        self.reports.append(report)
         self.stats.train_s += report.seconds
         return report
 

@@ -327,7 +327,7 @@ class Drafting:
                "spec_resynced_rows": p.resynced}
         out.update({f"spec_source_{k}": v for k, v in source_shares(new).items()})
         if self.model is not None:
-            m, _ = self.model.reset_stats()
+            m = self.model.reset_stats()
             out.update({"spec_model_rows": m.ran, "spec_model_chosen": m.chosen,
                         "spec_model_drafted_tokens": m.drafted,
                         "spec_model_accepted_tokens": m.accepted})
