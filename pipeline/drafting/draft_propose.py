@@ -33,35 +33,41 @@ def propose(model: DraftModel, contexts: Sequence[Sequence[int]], k: int,
         raise ValueError("every context needs at least one token")
     b, width = len(ctx), max(map(len, ctx))
     ids = torch.zeros(b, width, dtype=torch.long)
-    valid = torch.zeros(b, width + k, dtype=torch.bool)
+    valid = torch.zeros(b, width, dtype=torch.bool)
     for j, c in enumerate(ctx):  # left padding: every row's next token is at `width`
         ids[j, width - len(c):] = torch.tensor(c, dtype=torch.long)
         valid[j, width - len(c):] = True
-    valid[:, width:] = True
-    positions = (valid[:, :width].long().cumsum(1) - 1).clamp(min=0)
+    positions = (valid.long().cumsum(1) - 1).clamp(min=0)
     causal = torch.ones(width, width, dtype=torch.bool).tril()
-    mask = (causal[None] & valid[:, None, :width])[:, None]  # [b, 1, t, keys]
+    mask = (causal[None] & valid[:, None, :])[:, None]  # [b, 1, t, keys]
     # a padded query row attends to nothing real; let it see itself so softmax stays finite
     mask = mask | torch.eye(width, dtype=torch.bool)[None, None]
     caches: list = [[] for _ in model.model.layers]
     logits = model(ids, positions, mask, caches)[:, -1]
-    nxt_pos = positions[:, -1] + 1
+    toks, probs, _ = _greedy_steps(model, logits, positions[:, -1] + 1, valid, caches, k,
+                                   temperature)
+    return toks, probs
+
+
+def _greedy_steps(model: DraftModel, logits: torch.Tensor, nxt_pos: torch.Tensor,
+                  keys_valid: torch.Tensor, caches: list, k: int, temperature: float):
+    """k greedy tokens per row from the prefill's last logits, one one-token step on the
+    KV cache after each but the last: (tokens, each token's probability at
+    `temperature`, the key slots' validity after the k - 1 steps)."""
+    b = logits.shape[0]
     tokens, probs = [], []
     inv_t = 1.0 / max(float(temperature), 1e-6)
     for step in range(k):
-        p = torch.softmax(logits.float() * inv_t, dim=-1)
+        prob = torch.softmax(logits.float() * inv_t, dim=-1)
         tok = logits.argmax(-1)
         tokens.append(tok)
-        probs.append(p.gather(1, tok[:, None])[:, 0])
+        probs.append(prob.gather(1, tok[:, None])[:, 0])
         if step == k - 1:
             break
-        keys = width + step + 1
-        step_mask = valid[:, None, None, :keys]
-        logits = model(tok[:, None], nxt_pos[:, None], step_mask, caches)[:, -1]
+        keys_valid = torch.cat((keys_valid, torch.ones(b, 1, dtype=torch.bool)), dim=1)
+        logits = model(tok[:, None], nxt_pos[:, None], keys_valid[:, None, None], caches)[:, -1]
         nxt_pos = nxt_pos + 1
-    toks = torch.stack(tokens, 1).tolist()
-    ps = torch.stack(probs, 1).tolist()
-    return toks, ps
+    return torch.stack(tokens, 1).tolist(), torch.stack(probs, 1).tolist(), keys_valid
 
 
 class DraftCache:
@@ -146,27 +152,14 @@ def propose_cached(model: DraftModel, cache: DraftCache, req_ids: Sequence[Hasha
                     vv[j, :, P - p:] = past[i][1]
             caches[i] = [kk, vv]
     logits = model(ids, qpos, mask[:, None], caches)[:, -1]
-    nxt_pos = qpos[:, -1] + 1
-    tokens, probs = [], []
-    inv_t = 1.0 / max(float(temperature), 1e-6)
-    keys_valid = valid
-    for step in range(k):
-        prob = torch.softmax(logits.float() * inv_t, dim=-1)
-        tok = logits.argmax(-1)
-        tokens.append(tok)
-        probs.append(prob.gather(1, tok[:, None])[:, 0])
-        if step == k - 1:
-            break
-        keys_valid = torch.cat((keys_valid, torch.ones(b, 1, dtype=torch.bool)), dim=1)
-        logits = model(tok[:, None], nxt_pos[:, None], keys_valid[:, None, None], caches)[:, -1]
-        nxt_pos = nxt_pos + 1
-    toks = torch.stack(tokens, 1).tolist()
+    toks, probs, keys_valid = _greedy_steps(model, logits, qpos[:, -1] + 1, valid, caches, k,
+                                            temperature)
     for j, req in enumerate(req_ids):
         slots = torch.nonzero(keys_valid[j])[:, 0]  # past, new, then the k - 1 drafted
         cache._rows[req] = (ctxs[j] + toks[j][:k - 1],
                             [(c[0][j][:, slots].clone(), c[1][j][:, slots].clone())
                              for c in caches])
-    return toks, torch.stack(probs, 1).tolist()
+    return toks, probs
 
 
 def expected_accepted(probs: Sequence[float]) -> float:
