@@ -63,15 +63,19 @@ def rank_args(model: Path, *extra: str) -> list[str]:
     return [str(REPO / "sample_configs/tiny.yaml"), f"model.path={model}", *SETTINGS, *extra]
 
 
-def node_command(node_rank: int, endpoint: str, run_id: str, *args: str) -> list[str]:
-    """One node's torchrun of a 2-node job, one rank per node (as slurm.sh's, scaled down)."""
+def node_command(node_rank: int, endpoint: str, run_id: str, *args: str,
+                 entry: tuple[str, ...] = ("-m", launch.RANK_MODULE)) -> list[str]:
+    """One node's torchrun of a 2-node job, one rank per node (as slurm.sh's, scaled down);
+    node 0 hosts the rendezvous store, as the first node of a job whose endpoint is its
+    host name does."""
     return [sys.executable, "-m", launch.TORCHRUN_MODULE, "--nnodes=2",
             f"--node_rank={node_rank}", "--nproc_per_node=1", "--rdzv_backend=c10d",
-            f"--rdzv_endpoint={endpoint}", f"--rdzv_id={run_id}", "-m", launch.RANK_MODULE,
-            *args]
+            f"--rdzv_endpoint={endpoint}", f"--rdzv_id={run_id}",
+            f"--rdzv_conf=is_host={int(node_rank == 0)}", *entry, *args]
 
 
-def two_nodes(cwds: tuple[Path, Path], args: list[str], logs: Path) -> list[tuple[int, str]]:
+def two_nodes(cwds: tuple[Path, Path], args: list[str], logs: Path,
+              entry: tuple[str, ...] = ("-m", launch.RANK_MODULE)) -> list[tuple[int, str]]:
     """Both nodes' torchruns, started together; (exit code, stderr) per node."""
     endpoint, run_id = f"127.0.0.1:{free_port()}", uuid.uuid4().hex[:8]
     logs.mkdir(parents=True, exist_ok=True)
@@ -79,8 +83,8 @@ def two_nodes(cwds: tuple[Path, Path], args: list[str], logs: Path) -> list[tupl
     try:
         for node, cwd in enumerate(cwds):
             with open(logs / f"node{node}.log", "w") as log:
-                procs.append(subprocess.Popen(node_command(node, endpoint, run_id, *args),
-                                              cwd=cwd, env=env(), stdout=log, stderr=log))
+                cmd = node_command(node, endpoint, run_id, *args, entry=entry)
+                procs.append(subprocess.Popen(cmd, cwd=cwd, env=env(), stdout=log, stderr=log))
         codes = [p.wait(timeout=600) for p in procs]
     finally:
         for p in procs:
@@ -212,3 +216,26 @@ def test_a_node_that_does_not_share_run_dir_stops_every_rank_at_start_up(tiny_mo
     assert "put run.dir on a filesystem every node mounts at the same path" in lines[0]
     written = sorted(str(p.relative_to(tmp_path)) for cwd in cwds for p in cwd.rglob("*"))
     assert written in (["a/run", f"a/run/{LOCK_FILE}"], ["b/run", f"b/run/{LOCK_FILE}"]), written
+
+
+LATE_RANK = """import os, sys, time
+if os.environ["GROUP_RANK"] != "0":
+    time.sleep(3)  # node 1's rank stops after node 0's torchrun, and its store, are gone
+print("error: the same bad input on every rank", file=sys.stderr)
+sys.exit(2)
+"""
+
+
+def test_a_node_whose_rank_stops_after_the_store_host_exited_still_exits_2(tmp_path):
+    """Every rank stops on the same bad input, node 0's first: node 0's torchrun exits and
+    takes the rendezvous store with it while node 1's rank still runs. Node 1's torchrun
+    must wait for its rank's exit code (2) rather than fail on the lost store (exit 1 and a
+    traceback)."""
+    script = tmp_path / "late_rank.py"
+    script.write_text(LATE_RANK)
+    results = two_nodes((tmp_path, tmp_path), [], tmp_path / "logs", entry=(str(script),))
+    for code, log in results:
+        assert code == 2, log[-3000:]
+        assert "Traceback" not in log, log[-3000:]
+        assert [line for line in log.splitlines() if line.startswith("error: ")] == \
+            ["error: the same bad input on every rank"], log[-3000:]

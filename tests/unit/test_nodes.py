@@ -267,3 +267,36 @@ def test_torchrun_exits_2_without_a_traceback_when_a_rank_stopped_on_bad_input(m
     monkeypatch.setattr(run, "main", failed([1, -signal.SIGTERM]))
     with pytest.raises(ChildFailedError):
         torchrun.main([])
+
+
+def test_a_node_that_lost_the_store_keeps_watching_its_ranks_for_a_grace_period():
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+
+    class Handler:
+        store_up = True
+        asked = 0
+
+        def num_nodes_waiting(self):
+            self.asked += 1
+            if not self.store_up:
+                raise RendezvousConnectionError("the store is gone")
+            return 3
+
+    now = [0.0]
+    torchrun.tolerate_lost_store(Handler, 30.0, clock=lambda: now[0])
+    torchrun.tolerate_lost_store(Handler, 30.0, clock=lambda: now[0])  # idempotent
+    handler = Handler()
+    assert handler.num_nodes_waiting() == 3
+    handler.store_up = False
+    assert handler.num_nodes_waiting() == 0  # lost at t = 0
+    now[0] = 30.0
+    assert (handler.num_nodes_waiting(), handler.asked) == (0, 2)  # not asked in the grace
+    now[0] = 30.5
+    with pytest.raises(RendezvousConnectionError):
+        handler.num_nodes_waiting()  # still gone after the grace: torchrun's own error
+    handler.store_up = True
+    now[0] = 61.0
+    assert handler.num_nodes_waiting() == 3  # back: the grace starts afresh next time
+    handler.store_up = False
+    assert handler.num_nodes_waiting() == 0
+    assert handler.asked == 5
