@@ -1,10 +1,8 @@
-"""Reproducible speculation on the real engines: a seeded run under history+group at T = 1
-is the same run whatever the drafter thread's timing (the tree budget, which presumes the
-next drafts, and the critical one, whose caps follow what it learnt), and a run
-killed after a checkpoint and resumed continues it token for token
-(docs/speculation.md, "Reproducible speculation"). The critical budget's runs use
-history+group+model, so that the draft model's online training, its per-request choice
-and its checkpointed state are held to the same standard.
+"""Reproducible speculation on the real engines: a seeded run under history+group+model at
+T = 1 with the critical budget (whose caps follow what it learnt) is the same run whatever
+the drafter thread's timing, also when it is killed after a checkpoint and resumed: token
+for token (docs/speculation.md, "Reproducible speculation"). The draft model's online
+training, its per-request choice and its checkpointed state are held to the same standard.
 
 At T = 1 vLLM's rejection sampler draws its random numbers per draft position, so the
 responses follow the drafts: equal histories need equal drafts. Runs are compared on the
@@ -66,54 +64,33 @@ def outcome(run_dir: Path) -> tuple[list, list]:
     return tokens, counts
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tiny_model, tmp_path_factory):
-    """One undisturbed run per budget, shared by the tests below."""
-    runs: dict[str, Path] = {}
-
-    def get(budget: str) -> Path:
-        if budget not in runs:
-            run_dir = tmp_path_factory.mktemp("reproducible") / budget
-            proc = train(tiny_model, run_dir, budget)
-            assert proc.returncode == 0, proc.stderr[-3000:]
-            runs[budget] = run_dir
-        return runs[budget]
-
-    return get
-
-
-# `throughput` is held to the same under thread timing that differs between two ranks
-# (test_tp_rollout: both ranks of a TP group draft alike under every budget)
-@pytest.mark.parametrize("budget", ["tree", "critical"])
-def test_two_fresh_runs_are_the_same_run_whatever_the_drafter_timing(tiny_model, tmp_path,
-                                                                      uninterrupted, budget):
-    """The second run's drafter thread sleeps at random before each step of its jobs, so
-    its waits cut presuming at other points: the same responses, passes and drafts."""
-    first = uninterrupted(budget)
-    second = tmp_path / "slowed"
-    proc = train(tiny_model, second, budget, {DELAY_ENV: "0.002"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    a, b = outcome(first), outcome(second)
-    assert len(a[0]) == STEPS * 4 * 4 and len(a[1]) == STEPS
-    assert sum(c["spec_drafted_tokens"] for c in a[1]) > 0
-    assert b == a
-
-
-def test_a_killed_and_resumed_run_continues_token_for_token(tiny_model, tmp_path,
-                                                            uninterrupted):
+# The critical budget with the draft model: caps that follow what it learnt, and the model's
+# choice. `tree` (which presumes the next drafts in the drafter thread) and `throughput` are
+# held to the same under thread timing that differs between two ranks (test_tp_rollout:
+# both ranks of a TP group draft alike under every budget), and presuming on, off and
+# slowed at random by tests/unit/test_drafting_reproducible.py.
+def test_a_slowed_killed_and_resumed_run_is_the_uninterrupted_run_token_for_token(tiny_model,
+                                                                               tmp_path):
     """The critical budget (its calibration and rates learnt over steps 1-2) beside the
-    draft model (trained after steps 1-2), SIGKILLed right after the step-2 checkpoint,
-    resumed: steps 3-4 as the uninterrupted run's."""
-    whole = uninterrupted("critical")
+    draft model (trained after steps 1-2). The second run's drafter thread sleeps at random
+    before each step of its jobs, so its waits fall at other points; it is SIGKILLed right
+    after the step-2 checkpoint and resumed, slowed again: the same responses, passes and
+    drafts as the undisturbed run, steps 1-2 (timing) and 3-4 (timing and resume)."""
+    whole = tmp_path / "whole"
+    proc = train(tiny_model, whole, "critical")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    slowed = {DELAY_ENV: "0.002"}
     cut = tmp_path / "cut"
-    proc = train(tiny_model, cut, "critical", fault="after_checkpoint_commit")
+    proc = train(tiny_model, cut, "critical", slowed, fault="after_checkpoint_commit")
     assert proc.returncode == -9, proc.stderr[-3000:]
     assert (cut / "checkpoints/step-000002/drafting/rank-0.json").is_file()
     assert (cut / "checkpoints/step-000002/drafting/model-rank-0.safetensors").is_file()
-    proc = train(tiny_model, cut, "critical", resume=True)
+    proc = train(tiny_model, cut, "critical", slowed, resume=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "holds no drafter state" not in proc.stderr
     a, b = outcome(whole), outcome(cut)
+    assert len(a[0]) == STEPS * 4 * 4 and len(a[1]) == STEPS
     assert sum(c["spec_accepted_tokens"] for c in a[1][2:]) > 0  # steps 3-4 drafted
     assert sum(c["spec_model_accepted_tokens"] for c in a[1][2:]) > 0  # the model too
+    assert b[1][:2] == a[1][:2]  # steps 1-2 under other timing
     assert b == a
