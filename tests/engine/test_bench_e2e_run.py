@@ -1,5 +1,6 @@
-"""`rhymectl bench e2e` end to end on the real engines: 1 tiny step x 2 seeds, both arms,
-each run a real `rhymectl train` process (vLLM + DeepSpeed)."""
+"""`rhymectl bench e2e` end to end on the real engines: 1 tiny step x 1 seed, both arms,
+each run a real `rhymectl train` process (vLLM + DeepSpeed). The order of the arms across
+seeds and the statistics over several seeds are tests/unit/test_bench_e2e.py's."""
 
 from __future__ import annotations
 
@@ -19,10 +20,10 @@ TINY = ["data.train_batch_size=4", "data.train_size=8", "train.ppo_mini_batch_si
         "run.eval_n=2", "run.checkpoint_every=100"]
 
 
-def test_bench_e2e_one_step_two_seeds(tiny_model, tmp_path):
+def test_bench_e2e_one_step_one_seed(tiny_model, tmp_path):
     root = tmp_path / "e2e"
     cmd = [sys.executable, "-m", "rhymectl", "bench", "e2e", str(REPO / "sample_configs/tiny.yaml"),
-           f"model.path={tiny_model}", *TINY, "--steps", "1", "--seeds", "0,1",
+           f"model.path={tiny_model}", *TINY, "--steps", "1", "--seeds", "0",
            "--run-dir", str(root), "--json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -32,7 +33,7 @@ def test_bench_e2e_one_step_two_seeds(tiny_model, tmp_path):
     assert (root / "bench-e2e.png").stat().st_size > 10_000
     for arm in ("baseline", "accelerated"):
         a = report["arms"][arm]
-        assert a["seeds"] == [0, 1] and [r["steps"] for r in a["runs"]] == [1, 1]
+        assert a["seeds"] == [0] and [r["steps"] for r in a["runs"]] == [1]
         assert a["curves"]["step"] == [1] and a["heldout"]["step"] == [0, 1]
         assert 0 < a["rollout_share"] < 1 and a["phases_s_per_step"]["train"] > 0
         for run in a["runs"]:
@@ -48,10 +49,7 @@ def test_bench_e2e_one_step_two_seeds(tiny_model, tmp_path):
         s = report[key]
         assert 0 < s["min"] <= s["median"] <= s["max"]
     d = report["heldout_diff"]
-    assert d["runs"] == [2, 2] and d["prompts"] == 6
+    assert d["runs"] == [1, 1] and d["prompts"] == 6 and "paired" in d["method"]
     assert d["ci95"][0] <= d["mean"] <= d["ci95"][1] and 0 <= d["p"] <= 1
-    # interleaved: seed 0 baseline first, seed 1 accelerated first
-    log = proc.stderr
-    order = [log.index(f"{arm} seed {s}:") for arm, s in
-             (("baseline", 0), ("accelerated", 0), ("accelerated", 1), ("baseline", 1))]
-    assert order == sorted(order)
+    # seed 0: the baseline first
+    assert proc.stderr.index("baseline seed 0:") < proc.stderr.index("accelerated seed 0:")
