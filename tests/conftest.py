@@ -1,7 +1,7 @@
 """Shared settings and the test tiers, set by folder:
 
-- `tests/unit`: pure logic, no engine and no model fixture (`make test-fast`, < 1 minute);
-  every test there carries the `unit` marker.
+- `tests/unit`: pure logic, no engine and no model fixture (`make test-fast`, about 75 s on
+  2 cores); every test there carries the `unit` marker.
 - `tests/engine`: real vLLM / DeepSpeed / torchrun on the tiny model (built once per
   session by `tests/engine/conftest.py`); every test there carries the `engine` marker,
   and those that start DeepSpeed also `deepspeed`.
