@@ -8,16 +8,15 @@ structure, independent of vLLM (the proposer in `pipeline.rollout.proposer` feed
   one tree holding the full prompt, the prompt's history (the last K epochs' responses,
   each preceded by the prompt's last `max_depth` tokens so the first response tokens can
   be drafted) and, with siblings on, the live responses of its group as they grow;
-- per request, a small tree of its own prompt and output (self drafting, as vLLM's
-  suffix method's local tree): it counts the request's own repetitions undiluted by its
-  siblings and history (`pipeline.drafting.query`);
+- per request, when siblings are off, a small tree of its own prompt and output (self
+  drafting, as vLLM's suffix method's local tree);
 - one global tree over all prompts' history (FIFO-capped) and, optionally, all live
   responses (`pipeline.drafting.global_tree`).
 
 `draft` asks the trees for the best-scoring continuation of the request's context
 (`pipeline.drafting.query`: which trees, in what order, and where a draft is chained). The
-global tree is asked only when the prompt's and the request's trees offer nothing
-(`global_fallback`, default): at T = 1 a global draft that outscored the prompt's own displaced better ones
+global tree is asked only when the prompt's own trees offer nothing (`global_fallback`,
+default): at T = 1 a global draft that outscored the prompt's own displaced better ones
 (docs/speculation.md).
 
 Costs. Appending a token to a C++ tree costs microseconds, a whole history hundreds of
@@ -312,7 +311,8 @@ class GroupDrafter:
                 self._table.tree_of(p)
             if p.fed != version:
                 p.feed(live.members(p.key), version)
-            self._feed_own(req)
+            if not cfg.use_siblings:
+                self._feed_own(req)
         t1 = time.perf_counter()
         out = []
         wins, global_tree = self._wins, self._global.tree
@@ -342,8 +342,8 @@ class GroupDrafter:
         return out
 
     def _feed_own(self, req: LiveRequest, to_end: bool = False) -> None:
-        """The request's own tree (made on its first draft) gets its tokens up to its
-        previous pass (to its end with to_end, after a pass)."""
+        """Siblings off: the request's own tree (made on its first draft) gets its tokens
+        up to its previous pass (to its end with to_end, after a pass)."""
         if req.own is None:
             if to_end:
                 return
@@ -363,9 +363,10 @@ class GroupDrafter:
             if p.tree is not None and members:
                 p.feed(members, version, to_end=True)
                 yield
-        for req in live.running.values():
-            self._feed_own(req, to_end=True)
-        yield
+        if not self.config.use_siblings:
+            for req in live.running.values():
+                self._feed_own(req, to_end=True)
+            yield
         if self.config.global_live:
             self._global.flush(live.take_unsent())
             yield

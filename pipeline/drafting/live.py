@@ -3,8 +3,8 @@ GRPO group each belongs to, and the tokens each has generated that a tree has ye
 
 A running request's tokens feed up to three suffix trees (`pipeline.drafting.drafter` owns
 them): its prompt's tree (with siblings on, its output, the newest pass held back while it
-runs), the global tree (with siblings on, its output) and its own tree (prompt and
-output, the newest pass held back). Appending a token to a C++ tree costs
+runs), the global tree (with siblings on, its output) and its own tree (with siblings
+off: prompt and output, the newest pass held back). Appending a token to a C++ tree costs
 microseconds, and in a full batch the budget grants few drafts, so tokens are only
 recorded here — one list per request, extended once per pass — and a tree receives them
 when a request that reads it drafts: each tree's share is a slice from that tree's
@@ -170,7 +170,8 @@ class LiveSet:
                 req.global_pos = n_prompt
                 if output:
                     self._unsent[req] = None
-        req.own_pos = 0
+        else:
+            req.own_pos = 0
         req.pending = req.end - 1 if output else req.end
         self.version += 1
         group.append(req)

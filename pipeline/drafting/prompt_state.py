@@ -28,11 +28,11 @@ class LastDraft(NamedTuple):
     """A prompt's last draft from its trees and what it was drafted from: a sibling asking
     with the same context and cap while the trees are unchanged gets the same draft."""
 
-    versions: tuple[int, bool]  # (prompt tree version, chained)
+    versions: tuple[int, int, bool]  # (prompt tree version, global tree version, chained)
     max_tokens: int
     context: list[int]
-    draft: Draft  # the prompt tree's draft
-    chained: Draft | None  # and chained, once asked for
+    draft: Draft
+    source: str  # the tree that served it
 
 
 @dataclass(eq=False)

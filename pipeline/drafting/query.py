@@ -2,22 +2,13 @@
 and where a draft is chained. Pure logic over `pipeline.drafting.suffix_tree`; the
 drafter (`pipeline.drafting.drafter`) owns the trees and the requests.
 
-`best` asks the prompt's tree first, then the request's own tree (its prompt and output
-alone), then the global tree (only when those offer nothing, with `global_fallback`), and
+`best` asks the prompt's tree first, then the request's own tree (siblings off), then the
+global tree (only when the prompt's trees offer nothing, with `global_fallback`), and
 keeps the best-scoring draft (score = expected accepted tokens; ties go to the prompt's
-tree). A draft of max_tokens tokens all at probability 1 cannot be beaten, so no further
-tree is asked for it. GRPO siblings often share their context (all of them at T = 0,
-their first tokens at any temperature): a sibling asking with the context, cap and tree
-version of its prompt's last query gets that query's draft (and its chain) without asking
-the prompt's tree again.
-
-Why the own tree beside the prompt's, which holds the request's output too: there the
-request's text is one sequence among its siblings' and its history's, which also match a
-short context, so a continuation the request itself keeps repeating gets a low path
-probability and is cut at `min_path_prob`; its own tree counts it alone, as vLLM's suffix
-method's per-request tree does. Replaying recorded runs (`rhymectl bench replay`), the own
-tree took 2.5-3.7 % of history+group's target passes off on the tiny policy (T = 1 and
-T = 0.7) and 0.7-1.1 % on SmolLM2-135M (docs/speculation.md, "The request's own tree").
+own tree). A draft of max_tokens tokens all at probability 1 cannot be beaten, so no
+further tree is asked for it. GRPO siblings often share their context (all of them at
+T = 0, their first tokens at any temperature): a sibling asking with the context, cap and
+tree versions of its prompt's last draft gets that draft without asking the trees.
 
 Where chains pay (`DrafterConfig.chain`, `pipeline.drafting.chain`): a chained draft costs
 more tree queries, on every pass's critical path, and more verified tokens, most of them
@@ -88,6 +79,12 @@ class DraftChooser:
         cap is chained (with `DrafterConfig.chain`)."""
         cfg, global_tree = self.config, self._global
         chain = cfg.chain and chain
+        memo = cfg.use_siblings and not cfg.global_live  # the trees are all in the key
+        if memo:
+            last, versions = p.last, (tree.version, global_tree.tree.version, chain)
+            if last is not None and last.versions == versions \
+                    and last.max_tokens == max_tokens and last.context == context:
+                return last.draft, last.source
         # the first query needs no longer match than a full-length draft; a chain's own
         # queries (`chain_draft`) keep the whole context, where the drafted tokens it ends
         # in are matched with all the context there is
@@ -95,14 +92,7 @@ class DraftChooser:
                                        cfg.max_depth) + 1):]
         args = (asked, max_tokens, cfg.min_path_prob, cfg.max_spec_factor,
                 cfg.max_spec_offset)
-        last, versions = p.last, (tree.version, chain)  # the prompt tree's draft: siblings share it
-        if last is not None and last.versions == versions \
-                and last.max_tokens == max_tokens and last.context == context:
-            shared = last
-        else:
-            d = tree.speculate(*args)
-            shared = p.last = LastDraft(versions, max_tokens, context, d, None)
-        best, source = shared.draft, "prompt"
+        best, source = tree.speculate(*args), "prompt"
         if req.own is not None and best.score < max_tokens:
             d = req.own.speculate(*args)
             if d.score > best.score:
@@ -115,14 +105,12 @@ class DraftChooser:
                 if d.score > best.score:
                     best, source = d, "global"
         if chain and best.token_ids and len(best.token_ids) < max_tokens:
-            if source == "prompt":
-                if shared.chained is None:
-                    p.last = shared = shared._replace(
-                        chained=chain_draft(tree, context, best, max_tokens, cfg))
-                return shared.chained, source
-            tree_of = {"own": req.own, "global": global_tree}
+            tree_of = {"prompt": tree, "own": req.own, "global": global_tree}
             best = chain_draft(tree_of[source], context, best, max_tokens, cfg)
+        if memo:
+            p.last = LastDraft(versions, max_tokens, context, best, source)
         return best, source
+
 
     def versions(self, req: LiveRequest, tree: SuffixTree) -> tuple[int, int, int]:
         """What a draft depends on besides context and cap: the versions of its trees."""

@@ -32,7 +32,7 @@ class DrafterTimes:
     """Seconds the drafter spent, by part (wall time, accumulated):
 
     live_in: running and finished responses entering the trees their siblings draft from
-    (`PromptState.feed`, and each request's own tree), and a prompt's
+    (`PromptState.feed`; with siblings off, also a request's own tree), and a prompt's
     tree being built from its history on its first draft; queries: asking the trees for a
     draft (`SuffixTree.speculate`, the shared-draft check, the Python around them);
     group_ends: a finished group's live responses leaving the trees.

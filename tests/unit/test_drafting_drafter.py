@@ -484,14 +484,12 @@ def test_live_set_groups_and_global_queue():
 
 # ---------------------------------------------------------------- repeated contexts
 
-def _count_speculate(monkeypatch, d: GroupDrafter) -> list:
-    """The contexts `d`'s shared trees (every tree but the requests' own) are asked with."""
+def _count_speculate(monkeypatch) -> list:
     calls = []
     original = SuffixTree.speculate
 
     def counted(self, *args, **kw):
-        if not any(self is r.own for r in d._live.running.values()):
-            calls.append(args[0])
+        calls.append(args[0])
         return original(self, *args, **kw)
 
     monkeypatch.setattr(SuffixTree, "speculate", counted)
@@ -505,7 +503,7 @@ def test_siblings_with_the_same_context_share_one_tree_query(monkeypatch):
     d.set_history(prompt_hash(P), hist([1, 2, 3, 4, 5, 6], [1, 2, 3, 7, 8, 9]))
     for r in ("a", "b", "c"):
         d.start(r, P, [1])
-    calls = _count_speculate(monkeypatch, d)
+    calls = _count_speculate(monkeypatch)
     first = d.draft("a", 4)
     assert first.token_ids == [2, 3] and len(calls) == 1  # the history forks after 3
     assert d.draft("b", 4) == first and d.draft("c", 4) == first and len(calls) == 1
@@ -529,7 +527,7 @@ def test_a_rebuilt_tree_is_asked_again(monkeypatch):
     assert d.draft("q", 4).token_ids == [6, 8]
     d.finish("q")
     d.end_step()
-    calls = _count_speculate(monkeypatch, d)
+    calls = _count_speculate(monkeypatch)
     d.start("p2", P, [5])  # same context as before, same tree version, but a new tree
     assert d.draft("p2", 4).token_ids == [6, 7] and len(calls) == 1
 
@@ -544,21 +542,3 @@ def test_suffix_tree_version_counts_changes():
     assert t.version == 2
     t.remove(1)
     assert t.version == 3
-
-
-def test_a_request_that_repeats_itself_drafts_from_its_own_tree():
-    """In its prompt's tree the request's text is one sequence among its history's and its
-    siblings', which match the same context with other continuations: the repetition the
-    request keeps making is cut at min_path_prob there. Its own tree counts it alone."""
-    d = drafter(use_global=False, min_path_prob=0.5)
-    d.set_history(prompt_hash(P), hist([7, 8, 9, 5, 7, 8, 1], [7, 8, 9, 5, 7, 8, 2],
-                                       [7, 8, 9, 5, 7, 8, 3]))
-    d.start("a", P, [7, 8, 9, 5, 7, 8, 9, 5, 7, 8])
-    d.start("b", P, [7, 8, 9, 5, 7, 8, 4])  # a sibling, with yet another continuation
-    d.append("a", [9])  # the request's tokens up to here are in its trees
-    # the prompt's tree drafts [5, 7, 8] (after "5 7 8" it has 1, 2, 3, 4 and 9 once each);
-    # the own tree has 9 after "5 7 8" once of the twice it saw "7 8" (the last one is its
-    # context's end): probability 0.5, kept
-    draft = d.draft("a", 4)
-    assert draft.token_ids == [5, 7, 8, 9] and draft.probs == pytest.approx([1, 1, 1, 0.5])
-    assert d.sources() == {"prompt": 0, "own": 1, "global": 0}
