@@ -31,15 +31,15 @@ STEPS = 4
 ARGS = ["data.train_size=8", "data.train_batch_size=4", "train.ppo_mini_batch_size=4",
         "rollout.n=4", "rollout.max_tokens=64", "data.max_prompt_length=24",
         "rollout.temperature=1.0", f"train.total_steps={STEPS}",
-        "run.checkpoint_every=2", "run.eval_every=0"]
+        "run.checkpoint_every=2", "run.eval_every=0", "spec.budget=critical",
+        "spec.method=history+group+model"]
 # what must match: the counts of each step's speculation, never its seconds
 COUNTS = ("spec_passes", "spec_critical_passes", "spec_drafted_tokens",
           "spec_accepted_tokens", "spec_tau", "spec_tail_passes", "spec_model_chosen",
           "spec_model_drafted_tokens", "spec_model_accepted_tokens", "draft_loss_after")
-METHOD = {"tree": "history+group", "critical": "history+group+model"}
 
 
-def train(model: Path, run_dir: Path, budget: str, env_extra: dict | None = None,
+def train(model: Path, run_dir: Path, env_extra: dict | None = None,
           fault: str | None = None, resume: bool = False) -> subprocess.CompletedProcess:
     import os
 
@@ -48,8 +48,7 @@ def train(model: Path, run_dir: Path, budget: str, env_extra: dict | None = None
     if fault:
         env["RHYMECTL_FAULT"] = fault
     cmd = [sys.executable, "-m", "rhymectl", "train", str(REPO / "sample_configs/tiny.yaml"),
-           f"model.path={model}", f"run.dir={run_dir}", *ARGS, f"spec.budget={budget}",
-           f"spec.method={METHOD[budget]}"]
+           f"model.path={model}", f"run.dir={run_dir}", *ARGS]
     return subprocess.run(cmd + ["--resume"] * resume, capture_output=True, text=True,
                           cwd=REPO, env=env, timeout=900)
 
@@ -77,15 +76,15 @@ def test_a_slowed_killed_and_resumed_run_is_the_uninterrupted_run_token_for_toke
     after the step-2 checkpoint and resumed, slowed again: the same responses, passes and
     drafts as the undisturbed run, steps 1-2 (timing) and 3-4 (timing and resume)."""
     whole = tmp_path / "whole"
-    proc = train(tiny_model, whole, "critical")
+    proc = train(tiny_model, whole)
     assert proc.returncode == 0, proc.stderr[-3000:]
     slowed = {DELAY_ENV: "0.002"}
     cut = tmp_path / "cut"
-    proc = train(tiny_model, cut, "critical", slowed, fault="after_checkpoint_commit")
+    proc = train(tiny_model, cut, slowed, fault="after_checkpoint_commit")
     assert proc.returncode == -9, proc.stderr[-3000:]
     assert (cut / "checkpoints/step-000002/drafting/rank-0.json").is_file()
     assert (cut / "checkpoints/step-000002/drafting/model-rank-0.safetensors").is_file()
-    proc = train(tiny_model, cut, "critical", slowed, resume=True)
+    proc = train(tiny_model, cut, slowed, resume=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "holds no drafter state" not in proc.stderr
     a, b = outcome(whole), outcome(cut)
