@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.deepspeed]
 
 STEPS = 4
 ARGS = ["data.train_size=8", "data.train_batch_size=4", "train.ppo_mini_batch_size=4",
-        "rollout.n=4", "rollout.max_tokens=64", "data.max_prompt_length=24",
+        "rollout.n=4", "rollout.max_tokens=64", "data.max_prompt_length=24", "data.eval_size=2",
         "rollout.temperature=1.0", f"train.total_steps={STEPS}",
         "run.checkpoint_every=2", "run.eval_every=0", "spec.budget=critical",
         "spec.method=history+group+model"]
