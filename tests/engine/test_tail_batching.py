@@ -4,6 +4,7 @@ groups are complete and drops the rest; deferred prompts come back, pinned after
 
 from __future__ import annotations
 
+import shutil
 from collections import Counter
 
 import pytest
@@ -36,8 +37,12 @@ def test_tail_batching_trains_the_first_groups_and_brings_the_rest_back(tiny_mod
     assert {r["policy_version"] for r in history(a, 1)} == {1}  # generated afresh: on-policy
     assert m[0]["tail_dropped_tokens"] >= 0
 
-    # a resumed run rebuilds the deferred queue from the history: the same step 1
-    train(tiny_model, b, "train.total_steps=1", *TAIL)
+    # a run resumed from its step-1 checkpoint (a copy of the finished run without its
+    # last checkpoint) cuts back the history and rebuilds the deferred queue from what is
+    # left: the same step 1
+    shutil.copytree(a, b)
+    shutil.rmtree(b / "checkpoints/step-000002")
     train(tiny_model, b, "train.total_steps=2", *TAIL, "--resume")
+    assert (b / "checkpoints/step-000002/state.json").is_file()  # step 1 ran again
     assert [r["response_ids"] for r in history(b, 1)] == [r["response_ids"] for r in history(a, 1)]
     assert groups(b, 1) == second
