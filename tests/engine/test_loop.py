@@ -138,29 +138,15 @@ def test_vllm_after_training_matches_transformers_on_the_trained_weights(uninter
     assert evals[-1]["reward_mean"] == pytest.approx(sum(rewards) / len(rewards), abs=1e-9)
 
 
-def test_two_ranks_under_torchrun(tiny_model, tmp_path):
-    run_dir = tmp_path / "ddp"
-    train(tiny_model, run_dir, "train.total_steps=1", nproc=2)
-    rows = history(run_dir, 0)
-    assert len(rows) == 4 * 4  # both ranks' halves of the batch, persisted once
-    assert len({r["prompt_id"] for r in rows}) == 4
-    assert [r["step"] for r in metrics(run_dir)] == [1]
-    m = metrics(run_dir)[0]
-    assert m["rollout_chunks"] >= 16  # sched.policy auto: seer placed the batch over both ranks
-    # the cost model the next step places with, measured on both ranks' passes (one step
-    # of tiny passes may not determine base and per-token cost: then the default's stay)
-    assert m["sched_pass_base_ms"] > 0 and m["sched_pass_per_token_ms"] > 0 and m["sched_tau"] >= 1.0
-    assert 0.0 <= m["rollout_bubble_ratio"] < 1.0 and 0.0 <= m["rollout_tail_s"] <= m["time_rollout_s"]
-    assert (run_dir / "checkpoints/step-000001/state.json").is_file()
-    assert json.loads((run_dir / "checkpoints/step-000001/state.json").read_text())["world_size"] == 2
-
-
-def test_a_sigterm_to_rhymectl_alone_stops_its_ranks(tiny_model, tmp_path):
-    """`kill PID` of `rhymectl train --nproc 2` (a process manager's stop): torchrun and
-    both ranks stop too, the run directory's lock is free for `--resume`, one error line."""
+def test_two_ranks_under_torchrun_and_a_sigterm_to_rhymectl_alone_stops_them(tiny_model, tmp_path):
+    """`rhymectl train --nproc 2`: both ranks' halves of a step persisted once, seer placing
+    the batch over both. Then `kill PID` of rhymectl (a process manager's stop) once a
+    checkpoint is committed: torchrun and both ranks stop too, the run directory's lock is
+    free for `--resume`, one error line."""
     from pipeline.loop import lock
+    from pipeline.train import checkpoint
 
-    run_dir = tmp_path / "stopped"
+    run_dir = tmp_path / "ddp"
     cmd = [sys.executable, "-m", "rhymectl", "train", str(REPO / "sample_configs/tiny.yaml"),
            f"model.path={tiny_model}", f"run.dir={run_dir}", *SMALL, "train.total_steps=200",
            "--nproc", "2"]
@@ -168,9 +154,9 @@ def test_a_sigterm_to_rhymectl_alone_stops_its_ranks(tiny_model, tmp_path):
                             start_new_session=True)
     try:
         deadline = time.monotonic() + 300
-        while not (run_dir / "metrics.jsonl").is_file():  # the ranks are training
+        while checkpoint.latest(run_dir / "checkpoints") is None:  # step 1 committed
             assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
-            time.sleep(0.5)
+            time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)  # to rhymectl only, not its process group
         _, err = proc.communicate(timeout=120)
     finally:
@@ -183,6 +169,19 @@ def test_a_sigterm_to_rhymectl_alone_stops_its_ranks(tiny_model, tmp_path):
     left = [p for p in Path("/proc").glob("[0-9]*") if str(run_dir) in _cmdline(p)]
     assert not left, [_cmdline(p) for p in left]
     lock.probe(run_dir)  # raises if a rank still held it
+
+    rows = history(run_dir, 0)
+    assert len(rows) == 4 * 4  # both ranks' halves of the batch, persisted once
+    assert len({r["prompt_id"] for r in rows}) == 4
+    m = metrics(run_dir)[0]
+    assert m["step"] == 1
+    assert m["rollout_chunks"] >= 16  # sched.policy auto: seer placed the batch over both ranks
+    # the cost model the next step places with, measured on both ranks' passes (one step
+    # of tiny passes may not determine base and per-token cost: then the default's stay)
+    assert m["sched_pass_base_ms"] > 0 and m["sched_pass_per_token_ms"] > 0 and m["sched_tau"] >= 1.0
+    assert 0.0 <= m["rollout_bubble_ratio"] < 1.0 and 0.0 <= m["rollout_tail_s"] <= m["time_rollout_s"]
+    latest = checkpoint.latest(run_dir / "checkpoints")
+    assert json.loads((latest / "state.json").read_text())["world_size"] == 2
 
 
 def _cmdline(proc_dir: Path) -> str:
