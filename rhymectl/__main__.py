@@ -1,4 +1,4 @@
-from rhymectl.app import main
+from rhymectl.app import entry
 
 if __name__ == "__main__":
-    main()
+    entry()

@@ -18,6 +18,7 @@ except ImportError:  # pragma: no cover
 
 from pipeline import children
 from pipeline.errors import DEBUG_ENV, UsageError
+from pipeline.process_exit import exit_code, exit_now
 from rhymectl import __version__, output
 from rhymectl import (cmd_bench, cmd_doctor, cmd_index, cmd_init_model, cmd_profile, cmd_report,
                       cmd_train)
@@ -61,6 +62,17 @@ def main(argv: list[str] | None = None) -> None:
         _run(args, debug)
     finally:
         output.release_stdout()
+
+
+def entry() -> None:
+    """The `rhymectl` program (its console script and `python -m rhymectl`): `main`, then the
+    process ends without the interpreter's teardown (pipeline.process_exit). A traceback
+    under --debug propagates as usual."""
+    try:
+        main()
+    except SystemExit as exc:
+        exit_now(exit_code(exc.code))
+    exit_now(0)
 
 
 def _run(args: list[str], debug: bool) -> None:

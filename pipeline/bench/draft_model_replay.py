@@ -32,6 +32,7 @@ from statistics import median
 import torch
 
 from pipeline.atomic import write_atomic
+from pipeline.process_exit import exit_now
 
 
 def replay_passes(model, prompts, responses, k: int, keep=None) -> tuple[list[int], int]:
@@ -190,4 +191,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_now(main())

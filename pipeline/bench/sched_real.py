@@ -38,6 +38,7 @@ from pipeline.distributed import CoordinationStore
 from pipeline.history import index
 from pipeline.loop.sched_runtime import measured_cost, rollout
 from pipeline.loop.step import sampling
+from pipeline.process_exit import exit_now
 from pipeline.rollout.engine import RolloutEngine
 from pipeline.sched.registry import make_policy
 from pipeline.sched.settings import PlacementSettings
@@ -128,3 +129,4 @@ def _simulate(name, groups, lengths, workers, setup, params, cost):
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    exit_now(0)

@@ -16,6 +16,7 @@ from pipeline.atomic import write_json_atomic
 from pipeline.bench.spec import PROGRESS_LINE, build_work, run_method, warmup_prompts
 from pipeline.bench.spec_plan import make_plan
 from pipeline.config import load_config
+from pipeline.process_exit import exit_now
 from pipeline.tasks.chat import PromptEncoder
 
 
@@ -39,3 +40,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    exit_now(0)

@@ -29,6 +29,7 @@ from pipeline.loop import lock, rundir
 from pipeline.loop.metrics import eval_line, format_line
 from pipeline.loop.preflight import preflight
 from pipeline.loop.run import ViewFactory, run
+from pipeline.process_exit import exit_now
 
 RANK_MODULE = "pipeline.loop.launch"  # this module, as `python -m` runs it
 TORCHRUN_MODULE = "pipeline.loop.torchrun"  # torchrun, quiet when a signal stops it
@@ -155,4 +156,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    exit_now(main(sys.argv[1:]))
