@@ -30,12 +30,11 @@ def exit_code(value: object) -> int:
 
 
 def exit_now(code: int) -> NoReturn:
-    """End the process with `code`: join the other non-daemon threads, run the atexit
-    handlers, flush the standard streams, and skip the interpreter's teardown."""
-    current = threading.current_thread()
-    for thread in threading.enumerate():
-        if thread is not current and not thread.daemon:
-            thread.join()
+    """End the process with `code`: the exit hooks threading keeps (a thread pool's
+    shutdown, a logger's), the other non-daemon threads joined, the atexit handlers run and
+    the standard streams flushed, as at any exit; then skip the interpreter's teardown."""
+    threading._shutdown()  # what the interpreter does first: threading's exit hooks
+    # (thread pools, loggers), then the other non-daemon threads joined
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:

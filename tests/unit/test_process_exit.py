@@ -1,6 +1,7 @@
 """pipeline.process_exit: a process that ends with `exit_now` skips the interpreter's
-teardown but not the orderly part of an exit: its code, other threads' work, atexit
-handlers and buffered output all arrive."""
+teardown but not the orderly part of an exit: its code, other threads' work (a thread
+pool's idle worker, which only threading's exit hook ends, included), atexit handlers and
+buffered output all arrive."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ def late():
     time.sleep(0.3)
     (out / "thread").write_text("done")
 threading.Thread(target=late).start()
+from concurrent.futures import ThreadPoolExecutor
+pool = ThreadPoolExecutor(1)  # its idle worker ends only by threading's exit hook
+pool.submit(lambda: (out / "pool").write_text("done"))
 sys.stdout.write("buffered, no newline")  # stdout is a pipe: block-buffered
 exit_now(3)
 print("never")
@@ -33,10 +37,11 @@ print("never")
 
 def test_exit_now_keeps_the_code_threads_atexit_and_buffered_output(tmp_path):
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], capture_output=True,
-                          text=True, cwd=REPO, timeout=60)
+                          text=True, cwd=REPO, timeout=30)
     assert proc.returncode == 3, proc.stderr
     assert proc.stdout == "buffered, no newline"
     assert (tmp_path / "thread").read_text() == "done"
+    assert (tmp_path / "pool").read_text() == "done"
     assert (tmp_path / "atexit").read_text() == "ran"
 
 
