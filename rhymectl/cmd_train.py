@@ -76,7 +76,7 @@ def train(
 def memory_plan(cfg, world_size: int, gpu_mem_gib: Optional[float]):
     """(the plan, None), or (None, why there is none: a model the plan cannot count)."""
     from pipeline.loop.memory import plan_for
-    from pipeline.memory_plan import PlanUnavailable
+    from pipeline.model_shape import PlanUnavailable
 
     try:
         return plan_for(cfg, world_size, gpu_mem_gib), None

@@ -309,7 +309,7 @@ def check_model(run: Run) -> str:
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from pipeline.config import load_config
-    from pipeline.memory_plan import ModelShape
+    from pipeline.model_shape import ModelShape
 
     torch.manual_seed(0)
     path = run.tmp / "model"

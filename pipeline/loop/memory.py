@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Optional
 
 from pipeline.config import Config
-from pipeline.memory_plan import GIB, MemoryPlan, ModelShape, PlanUnavailable, build_plan
+from pipeline.memory_plan import GIB, MemoryPlan, build_plan
+from pipeline.model_shape import ModelShape, PlanUnavailable
 from pipeline.train.ds_estimate import model_states_gib
 
 NO_DEVICE = "none (CPU run; pass --gpu-mem-gib to check a GPU plan)"

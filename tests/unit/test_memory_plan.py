@@ -21,7 +21,8 @@ import yaml
 
 from pipeline.config import load_config
 from pipeline.memory_plan import (CONTEXT_GIB, CUDA_GRAPHS_GIB, GIB, LOGPROB_CHUNK_GIB,
-                                  REDUCE_BUCKET, ModelShape, PlanUnavailable, build_plan)
+                                  REDUCE_BUCKET, build_plan)
+from pipeline.model_shape import ModelShape, PlanUnavailable
 from pipeline.train.ds_estimate import model_states_gib
 from rhymectl.app import main
 
