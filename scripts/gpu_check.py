@@ -407,7 +407,7 @@ def to_batch(groups: list[Group], pad_id: int, adv_estimator: str):
     import torch
 
     from pipeline.train import grpo
-    from pipeline.train.actor import Batch
+    from pipeline.train.batch import Batch
 
     rows = [(g, k, group) for g, group in enumerate(groups) for k in range(len(group.responses))]
     seqs = [group.prompt + group.responses[k] for _, k, group in rows]

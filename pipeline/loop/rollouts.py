@@ -12,7 +12,7 @@ from pipeline.rollout.contract import Completion, RolloutBackend, RolloutStats, 
 from pipeline.tasks.chat import PromptEncoder
 from pipeline.tasks.prompts import Prompt
 from pipeline.train import grpo
-from pipeline.train.actor import Batch
+from pipeline.train.batch import Batch
 
 
 @dataclass

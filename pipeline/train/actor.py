@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import inspect
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -26,36 +25,9 @@ import torch
 
 from pipeline.config.schema import Config
 from pipeline.train import export, grpo
+from pipeline.train.batch import Batch
+from pipeline.train.ds_config import deepspeed_config, reference_config
 from pipeline.train.logprobs import shifted_logprobs
-
-
-@dataclass
-class Batch:
-    """One rank's rollouts, right-padded. input_ids [N, T] = prompt + response + padding.
-
-    `prompt_lens` and `total_lens` always stay on the host; the other tensors move with
-    `to(device)`."""
-
-    input_ids: torch.Tensor
-    prompt_lens: torch.Tensor  # [N]
-    total_lens: torch.Tensor  # [N]
-    advantages: torch.Tensor  # [N]
-    sampler_logprobs: torch.Tensor | None = None  # [N, T-1], vLLM's, aligned like token_logprobs
-
-    @property
-    def size(self) -> int:
-        return self.input_ids.shape[0]
-
-    def to(self, device: torch.device) -> "Batch":
-        lp = None if self.sampler_logprobs is None else self.sampler_logprobs.to(device)
-        return Batch(self.input_ids.to(device), self.prompt_lens, self.total_lens,
-                     self.advantages.to(device), lp)
-
-    def rows(self, index: slice) -> "Batch":
-        width = int(self.total_lens[index].max())
-        lp = None if self.sampler_logprobs is None else self.sampler_logprobs[index, : width - 1]
-        return Batch(self.input_ids[index, :width], self.prompt_lens[index],
-                     self.total_lens[index], self.advantages[index], lp)
 
 
 def _logs_to_stderr(deepspeed) -> None:
@@ -66,40 +38,6 @@ def _logs_to_stderr(deepspeed) -> None:
     for handler in deepspeed.utils.logger.handlers:
         if isinstance(handler, logging.StreamHandler) and handler.stream is sys.__stdout__:
             handler.setStream(sys.stderr)
-
-
-def micro_batch_size(per_rank_mini: int, cap: int) -> int:
-    """The largest divisor of `per_rank_mini` sequences that is <= `cap`."""
-    return max(d for d in range(1, min(cap, per_rank_mini) + 1) if per_rank_mini % d == 0)
-
-
-def deepspeed_config(cfg: Config, world_size: int) -> dict:
-    per_rank_mini = cfg.train.ppo_mini_batch_size // world_size * cfg.rollout.n
-    micro = micro_batch_size(per_rank_mini, cfg.train.ppo_micro_batch_size)
-    gas = per_rank_mini // micro
-    return {
-        "train_micro_batch_size_per_gpu": micro,
-        "gradient_accumulation_steps": gas,
-        "train_batch_size": micro * gas * world_size,
-        "gradient_clipping": cfg.train.grad_clip,
-        "zero_optimization": {"stage": cfg.deepspeed.zero_stage},
-        "bf16": {"enabled": cfg.deepspeed.bf16},
-        "optimizer": {"type": "AdamW", "params": {
-            "lr": cfg.train.lr, "weight_decay": cfg.train.weight_decay,
-            "betas": [0.9, 0.999], "eps": 1e-8, "torch_adam": cfg.deepspeed.torch_adam}},
-        "steps_per_print": 1 << 30,
-        "wall_clock_breakdown": False,
-    }
-
-
-def reference_config(ds_config: dict) -> dict:
-    """The DeepSpeed config of the frozen reference model (TRL's `prepare_deepspeed`): no
-    optimiser; ZeRO-3 keeps it partitioned like the policy, any other stage becomes stage 0
-    (a full copy on every device: nothing to shard without optimiser state)."""
-    config = {k: v for k, v in ds_config.items() if k != "optimizer"}
-    if config["zero_optimization"]["stage"] != 3:
-        config["zero_optimization"] = {"stage": 0}
-    return config
 
 
 @contextmanager

@@ -17,7 +17,9 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from pipeline.config import Config
 from pipeline.train import actor as actor_mod
-from pipeline.train.actor import Actor, Batch, reference_config
+from pipeline.train.actor import Actor
+from pipeline.train.batch import Batch
+from pipeline.train.ds_config import reference_config
 
 
 def tiny_module() -> torch.nn.Module:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from test_actor_devices import make_actor, tiny_module
-from pipeline.train.actor import Batch
+from pipeline.train.batch import Batch
 
 
 def cpu_actor():

@@ -159,7 +159,7 @@ def test_micro_batch_is_at_most_a_ranks_share_of_a_mini_batch():
 
 def test_the_plan_sizes_what_the_trainer_runs():
     """The micro-batch the actor configures DeepSpeed with, and the log-probs' fp32 chunk."""
-    from pipeline.train.actor import deepspeed_config
+    from pipeline.train.ds_config import deepspeed_config
     from pipeline.train.logprobs import CHUNK_BYTES
 
     # (overrides, the actor's micro-batch, the plan's): 64 sequences per rank and mini-batch
