@@ -85,8 +85,8 @@ def spec(
 
 def _measure(plan, names, config, overrides, plot, repeats=1, ceiling=False):
     from pipeline.bench.figures import write_plot, write_running_plot
-    from pipeline.bench.spec import (GPU_MODEL, GPU_PASSES, build_work, figure_step,
-                                     run_isolated, summarize, workload)
+    from pipeline.bench.spec import GPU_MODEL, GPU_PASSES, build_work, run_isolated
+    from pipeline.bench.spec_summary import figure_step, summarize, workload
     from pipeline.bench.spec_repeats import aggregate, run_order
     from pipeline.drafting.calibration import merge_tables
 

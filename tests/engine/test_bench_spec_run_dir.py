@@ -38,7 +38,8 @@ def test_critical_path_keys_from_the_real_engine(tiny_model, one_rank):
 
     from transformers import AutoTokenizer
 
-    from pipeline.bench.spec import STEP_KEYS, MethodResult, summarize
+    from pipeline.bench.spec import STEP_KEYS, MethodResult
+    from pipeline.bench.spec_summary import summarize
     from pipeline.bench.spec_repeats import aggregate
     from pipeline.config import load_config
     from pipeline.critical_path import critical_path

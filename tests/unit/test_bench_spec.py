@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import UsageError
-from pipeline.bench.spec import MethodResult, summarize
+from pipeline.bench.spec import MethodResult
+from pipeline.bench.spec_summary import summarize
 from pipeline.config.methods import METHODS
 from rhymectl.parsing import parse_methods
 from rhymectl.app import main

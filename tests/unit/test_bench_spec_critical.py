@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.bench.spec import MethodResult, figure_step, summarize
+from pipeline.bench.spec import MethodResult
+from pipeline.bench.spec_summary import figure_step, summarize
 from pipeline.bench.spec_repeats import aggregate
 from pipeline.costs import H100_7B, Roofline
 from pipeline.gpu_cost import HOST_S, PIECEWISE_S

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.bench.spec import MethodResult, summarize
+from pipeline.bench.spec import MethodResult
+from pipeline.bench.spec_summary import summarize
 from pipeline.costs import H100_7B
 from pipeline.gpu_cost import EAGER_S, HOST_S, PIECEWISE_S, GpuPassModel, VllmEngine
 
