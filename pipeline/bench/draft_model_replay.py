@@ -2,7 +2,8 @@
 trained online as the run went (research tool; no engine, no vLLM):
 
     python -m pipeline.bench.draft_model_replay RUN_DIR [--steps N] [--k 8] [--updates 40]
-        [--layers 1] [--max-fraction 0.1] [--json OUT] [--threads 1] [--choice]
+        [--layers 1] [--max-fraction 0.1] [--draft-vocab 0] [--json OUT] [--threads 1]
+        [--choice]
 
 The draft is built from the run's starting policy (`model.path`, `from_policy`). For each
 recorded step in order it first drafts that step's responses, then trains on them (the
@@ -114,6 +115,8 @@ def main(argv=None) -> int:
     ap.add_argument("--updates", type=int, default=40, help="AdamW updates per step")
     ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--max-fraction", type=float, default=0.10)
+    ap.add_argument("--draft-vocab", type=int, default=0,
+                    help="draft from the N most frequent trained-on tokens (0: all)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
@@ -140,7 +143,8 @@ def main(argv=None) -> int:
     state = load_file(str(policy_dir / "model.safetensors"))
     shape = shape_for(config, layers=args.layers, max_fraction=args.max_fraction)
     trainer = DraftTrainer(from_policy(config, state, shape, seed=args.seed),
-                           TrainSettings(updates=args.updates), seed=args.seed)
+                           TrainSettings(updates=args.updates, draft_vocab=args.draft_vocab),
+                           seed=args.seed)
     print(f"draft: {shape.layers} layer(s), MLP {shape.intermediate_size}, "
           f"{shape.own_parameters():,} own parameters "
           f"({shape.own_parameters() / policy_parameters(config):.1%} of the policy's), "

@@ -211,6 +211,21 @@ class DraftModel(nn.Module):
         half = shape.head_dim // 2
         inv = 1.0 / shape.rope_theta ** (torch.arange(0, half, dtype=torch.float32) / half)
         self.register_buffer("inv_freq", inv, persistent=False)
+        self.draft_ids: torch.Tensor | None = None  # the draft vocabulary; None: all tokens
+        self._draft_head: torch.Tensor | None = None
+
+    def use_draft_vocab(self, ids: torch.Tensor | None) -> None:
+        """Drafting (`forward(..., draft_vocab=True)`) scores only these token ids (a sorted
+        1-D tensor; None: the whole vocabulary), with the LM head's rows of them as they
+        are now: call again after the weights change. The LM head over a 50k-150k
+        vocabulary is most of a one-layer draft's cost per token; training always uses
+        the whole head."""
+        if ids is None:
+            self.draft_ids, self._draft_head = None, None
+            return
+        self.draft_ids = ids.to(torch.long)
+        with torch.no_grad():
+            self._draft_head = self._head().detach()[self.draft_ids].clone()
 
     def _rope(self, positions: torch.Tensor):
         freqs = positions.float()[..., None] * self.inv_freq  # [b, t, half]
@@ -218,10 +233,13 @@ class DraftModel(nn.Module):
         return emb.cos(), emb.sin()
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None, caches: list | None = None) -> torch.Tensor:
+                mask: torch.Tensor | None = None, caches: list | None = None,
+                draft_vocab: bool = False) -> torch.Tensor:
         """Logits [b, t, vocab] of token ids [b, t]. positions: [b, t] (default 0..t-1);
         mask: a boolean [b, 1, t, keys] attention mask (default causal); caches: one list
-        per layer, filled with its keys and values and extended on later calls."""
+        per layer, filled with its keys and values and extended on later calls;
+        draft_vocab: logits over `draft_ids` only (column i is token draft_ids[i]), where
+        a draft vocabulary is set."""
         b, t = ids.shape
         if positions is None:
             positions = torch.arange(t).expand(b, t)
@@ -231,6 +249,8 @@ class DraftModel(nn.Module):
         x = self.model.embed_tokens(ids)
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, mask, None if caches is None else caches[i])
+        if draft_vocab and self._draft_head is not None:
+            return self.model.norm(x) @ self._draft_head.T
         return self.logits(self.model.norm(x))
 
     def hidden(self, ids: torch.Tensor) -> torch.Tensor:
@@ -243,10 +263,12 @@ class DraftModel(nn.Module):
             x = layer(x, cos, sin, mask, None)
         return self.model.norm(x)
 
+    def _head(self) -> torch.Tensor:
+        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head on final-norm hidden states [..., hidden]."""
-        head = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return hidden @ head.T
+        return hidden @ self._head().T
 
     def hf_config(self) -> dict:
         """A Hugging Face `LlamaForCausalLM` config for these weights."""

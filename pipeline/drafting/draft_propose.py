@@ -6,6 +6,12 @@
 - `propose_cached` with a `DraftCache`: the same drafts, each request's keys and values
   kept from one pass to the next as far as its context still agrees.
 - `expected_accepted`: a draft's expected accepted tokens from those probabilities.
+
+Where the model has a draft vocabulary (`DraftModel.use_draft_vocab`), drafts are its
+tokens only, and a token's probability is the softmax over that vocabulary: an estimate
+that leaves out the other tokens' mass (the choice rule calibrates each source's
+estimates against what was accepted). Verification keeps the output the target's either
+way.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ def propose(model: DraftModel, contexts: Sequence[Sequence[int]], k: int,
     # a padded query row attends to nothing real; let it see itself so softmax stays finite
     mask = mask | torch.eye(width, dtype=torch.bool)[None, None]
     caches: list = [[] for _ in model.model.layers]
-    logits = model(ids, positions, mask, caches)[:, -1]
+    logits = model(ids, positions, mask, caches, draft_vocab=True)[:, -1]
     toks, probs, _ = _greedy_steps(model, logits, positions[:, -1] + 1, valid, caches, k,
                                    temperature)
     return toks, probs
@@ -57,15 +63,18 @@ def _greedy_steps(model: DraftModel, logits: torch.Tensor, nxt_pos: torch.Tensor
     b = logits.shape[0]
     tokens, probs = [], []
     inv_t = 1.0 / max(float(temperature), 1e-6)
+    vocab = model.draft_ids  # logits' column i is token vocab[i] (None: token i)
     for step in range(k):
         prob = torch.softmax(logits.float() * inv_t, dim=-1)
-        tok = logits.argmax(-1)
+        col = logits.argmax(-1)
+        tok = col if vocab is None else vocab[col]
         tokens.append(tok)
-        probs.append(prob.gather(1, tok[:, None])[:, 0])
+        probs.append(prob.gather(1, col[:, None])[:, 0])
         if step == k - 1:
             break
         keys_valid = torch.cat((keys_valid, torch.ones(b, 1, dtype=torch.bool)), dim=1)
-        logits = model(tok[:, None], nxt_pos[:, None], keys_valid[:, None, None], caches)[:, -1]
+        logits = model(tok[:, None], nxt_pos[:, None], keys_valid[:, None, None], caches,
+                       draft_vocab=True)[:, -1]
         nxt_pos = nxt_pos + 1
     return torch.stack(tokens, 1).tolist(), torch.stack(probs, 1).tolist(), keys_valid
 
@@ -151,7 +160,7 @@ def propose_cached(model: DraftModel, cache: DraftCache, req_ids: Sequence[Hasha
                     kk[j, :, P - p:] = past[i][0]
                     vv[j, :, P - p:] = past[i][1]
             caches[i] = [kk, vv]
-    logits = model(ids, qpos, mask[:, None], caches)[:, -1]
+    logits = model(ids, qpos, mask[:, None], caches, draft_vocab=True)[:, -1]
     toks, probs, keys_valid = _greedy_steps(model, logits, qpos[:, -1] + 1, valid, caches, k,
                                             temperature)
     for j, req in enumerate(req_ids):

@@ -5,8 +5,9 @@
   response's length relative to the step's mean, since the longest responses set the
   step's critical path. A fixed number of updates, not a time budget, so that the same
   seed and rollouts give the same weights.
-- `save_state` / `load_state`: weights, optimiser moments and the trainer's counters in
-  one safetensors file (no pickle), for checkpoints.
+- `save_state` / `load_state`: weights, optimiser moments, the trainer's counters and its
+  token counts (the draft vocabulary's source) in one safetensors file (no pickle), for
+  checkpoints.
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ class TrainReport:
 @dataclass(frozen=True)
 class TrainSettings:
     """updates: AdamW steps per call; batch: responses per step; length_power: each
-    response token weighs (length / mean length) ** length_power."""
+    response token weighs (length / mean length) ** length_power; draft_vocab: after each
+    call the model drafts from the draft_vocab tokens most frequent in the responses it
+    has trained on so far (0, or a vocabulary no larger: every token)."""
 
     updates: int = 20
     batch: int = 32
@@ -48,6 +51,7 @@ class TrainSettings:
     weight_decay: float = 0.0
     length_power: float = 1.0
     max_grad_norm: float = 1.0
+    draft_vocab: int = 0
 
 
 class DraftTrainer:
@@ -61,6 +65,23 @@ class DraftTrainer:
         self.calls = 0  # train calls so far: the batch order's seed moves with it
         self.opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, betas=(0.9, 0.99),
                                      weight_decay=settings.weight_decay)
+        # response tokens trained on so far, per token id: what the draft vocabulary keeps
+        self.counts = torch.zeros(model.shape.vocab_size, dtype=torch.long)
+
+    def draft_vocab(self) -> torch.Tensor | None:
+        """The settings.draft_vocab most frequent token ids in `counts` (ties: the lower
+        id), ascending; None while nothing was counted or where that is every token."""
+        size = self.settings.draft_vocab
+        if size <= 0 or size >= self.counts.numel() or not int(self.counts.sum()):
+            return None
+        order = torch.argsort(-self.counts, stable=True)
+        return order[:size].sort().values
+
+    def _count(self, rollouts: Sequence[tuple[Sequence[int], Sequence[int]]]) -> None:
+        ids = [int(t) for _, r in rollouts for t in r if 0 <= int(t) < self.counts.numel()]
+        if ids:
+            self.counts += torch.bincount(torch.tensor(ids, dtype=torch.long),
+                                          minlength=self.counts.numel())
 
     def _examples(self, rollouts: Sequence[tuple[Sequence[int], Sequence[int]]]):
         """(ids, first response position, weight) per rollout with a response; each
@@ -109,8 +130,10 @@ class DraftTrainer:
         """`settings.updates` AdamW steps on minibatches of `rollouts` (prompt ids,
         response ids), reshuffled each pass over them from (seed, calls)."""
         start = time.perf_counter()
+        self._count(rollouts)
         examples = self._examples(rollouts)
         if not examples:
+            self.model.use_draft_vocab(self.draft_vocab())
             return TrainReport(float("nan"), float("nan"), 0, 0, 0.0)
         before = self.loss(rollouts)
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.calls)
@@ -129,6 +152,7 @@ class DraftTrainer:
             self.opt.step()
             tokens += n
         self.model.eval()
+        self.model.use_draft_vocab(self.draft_vocab())  # the head's rows as trained
         self.calls += 1
         return TrainReport(before, self.loss(rollouts), s.updates, tokens,
                            time.perf_counter() - start)
@@ -147,6 +171,7 @@ def save_state(trainer: DraftTrainer, path: str | Path) -> None:
         tensors[f"adam.{n}.exp_avg"] = st["exp_avg"].contiguous()
         tensors[f"adam.{n}.exp_avg_sq"] = st["exp_avg_sq"].contiguous()
         tensors[f"adam.{n}.step"] = torch.as_tensor(st["step"], dtype=torch.float32).reshape(1)
+    tensors["vocab.counts"] = trainer.counts.contiguous()
     meta = {"format": FORMAT, "shape": json.dumps(asdict(trainer.model.shape)),
             "settings": json.dumps(asdict(trainer.settings)), "seed": str(trainer.seed),
             "calls": str(trainer.calls)}
@@ -177,7 +202,10 @@ def load_state(path: str | Path) -> DraftTrainer:
                 "step": tensors[f"adam.{n}.step"].reshape(()).clone(),
                 "exp_avg": tensors[f"adam.{n}.exp_avg"].clone(),
                 "exp_avg_sq": tensors[f"adam.{n}.exp_avg_sq"].clone()}
+    if "vocab.counts" in tensors:  # a state written before draft vocabularies: none counted
+        trainer.counts = tensors["vocab.counts"].clone()
     model.eval()
+    model.use_draft_vocab(trainer.draft_vocab())
     return trainer
 
 

@@ -242,3 +242,61 @@ def test_cached_drafts_are_the_recomputed_drafts_pass_after_pass():
             accepted = rng.randrange(len(draft) + 1)
             contexts[r] = contexts[r] + draft[:accepted] + [rng.randrange(3, 13)]
     assert len(cache) == 3
+
+
+# -- the draft vocabulary -------------------------------------------------------------------
+def _vocab_trainer(size: int, seed: int = 3) -> DraftTrainer:
+    return DraftTrainer(DraftModel(SMALL, seed=seed),
+                        TrainSettings(updates=15, batch=8, lr=1e-2, draft_vocab=size), seed=seed)
+
+
+def test_the_draft_vocabulary_is_the_most_frequent_trained_tokens():
+    trainer = _vocab_trainer(4)
+    assert trainer.draft_vocab() is None  # nothing counted yet: every token
+    trainer.train([([1, 2], [5, 5, 5, 9, 9, 7, 7, 3]), ([1, 2], [11, 3, 5, 0])])
+    # counts: 5 x4, 3/7/9 x2 each, 0 and 11 x1: the top four, ties to the lower id
+    assert trainer.draft_vocab().tolist() == [3, 5, 7, 9]
+    assert trainer.model.draft_ids.tolist() == [3, 5, 7, 9]
+    tokens, _ = propose(trainer.model, [[1, 5, 2], [1, 11, 4, 2]], 5)
+    assert {t for row in tokens for t in row} <= {3, 5, 7, 9}
+    assert _vocab_trainer(SMALL.vocab_size).draft_vocab() is None  # no smaller than all
+    trainer = _vocab_trainer(SMALL.vocab_size)
+    trainer.train(_corpus())
+    assert trainer.model.draft_ids is None
+
+
+def test_a_draft_vocabulary_holding_the_greedy_tokens_drafts_the_same():
+    """The vocabulary's logits are the head's rows of its tokens, mapped back to their ids:
+    where the whole-vocabulary drafts use only tokens in it, the drafts are the same (and,
+    batched and cached, each context's own)."""
+    from pipeline.drafting.draft_propose import DraftCache, propose_cached
+
+    trainer = _trainer(seed=3)
+    trainer.train(_corpus())
+    model = trainer.model
+    contexts = [[1, 9, 4, 2], [1, 3, 5, 7, 9, 11, 2, 3], [1, 6, 2]]
+    full, full_p = propose(model, contexts, 5)
+    used = sorted({t for row in full for t in row} | {0, 21})
+    model.use_draft_vocab(torch.tensor(used))
+    cut, cut_p = propose(model, contexts, 5)
+    assert cut == full
+    assert all(c >= f - 1e-6 for rc, rf in zip(cut_p, full_p) for c, f in zip(rc, rf))
+    assert propose_cached(model, DraftCache(), ["a", "b", "c"], contexts, 5)[0] == full
+    model.use_draft_vocab(torch.tensor([u for u in used if u != full[0][0]]))
+    assert propose(model, contexts[:1], 5)[0][0][0] != full[0][0]  # its first token is gone
+
+
+def test_the_draft_vocabulary_survives_save_and_load(tmp_path):
+    trainer = _vocab_trainer(6, seed=2)
+    trainer.train(_corpus(1))
+    trainer.train(_corpus(2))
+    path = tmp_path / "draft.safetensors"
+    save_state(trainer, path)
+    loaded = load_state(path)
+    assert torch.equal(loaded.counts, trainer.counts)
+    assert loaded.model.draft_ids.tolist() == trainer.model.draft_ids.tolist()
+    contexts = [[1, 7, 3, 9, 2], [1, 4, 2]]
+    assert propose(loaded.model, contexts, 6) == propose(trainer.model, contexts, 6)
+    trainer.train(_corpus(3))
+    loaded.train(_corpus(3))
+    assert loaded.model.draft_ids.tolist() == trainer.model.draft_ids.tolist()
