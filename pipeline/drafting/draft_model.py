@@ -234,12 +234,14 @@ class DraftModel(nn.Module):
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None, caches: list | None = None,
-                draft_vocab: bool = False) -> torch.Tensor:
+                draft_vocab: bool = False, last: bool = False) -> torch.Tensor:
         """Logits [b, t, vocab] of token ids [b, t]. positions: [b, t] (default 0..t-1);
         mask: a boolean [b, 1, t, keys] attention mask (default causal); caches: one list
         per layer, filled with its keys and values and extended on later calls;
         draft_vocab: logits over `draft_ids` only (column i is token draft_ids[i]), where
-        a draft vocabulary is set."""
+        a draft vocabulary is set; last: the last position's logits only ([b, 1, vocab]:
+        a draft needs no others, and over a real vocabulary the LM head of a prefill's
+        every position costs more than the rest of the draft)."""
         b, t = ids.shape
         if positions is None:
             positions = torch.arange(t).expand(b, t)
@@ -249,6 +251,8 @@ class DraftModel(nn.Module):
         x = self.model.embed_tokens(ids)
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, mask, None if caches is None else caches[i])
+        if last:
+            x = x[:, -1:]
         if draft_vocab and self._draft_head is not None:
             return self.model.norm(x) @ self._draft_head.T
         return self.logits(self.model.norm(x))

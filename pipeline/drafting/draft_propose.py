@@ -49,7 +49,7 @@ def propose(model: DraftModel, contexts: Sequence[Sequence[int]], k: int,
     # a padded query row attends to nothing real; let it see itself so softmax stays finite
     mask = mask | torch.eye(width, dtype=torch.bool)[None, None]
     caches: list = [[] for _ in model.model.layers]
-    logits = model(ids, positions, mask, caches, draft_vocab=True)[:, -1]
+    logits = model(ids, positions, mask, caches, draft_vocab=True, last=True)[:, -1]
     toks, probs, _ = _greedy_steps(model, logits, positions[:, -1] + 1, valid, caches, k,
                                    temperature)
     return toks, probs
@@ -74,7 +74,7 @@ def _greedy_steps(model: DraftModel, logits: torch.Tensor, nxt_pos: torch.Tensor
             break
         keys_valid = torch.cat((keys_valid, torch.ones(b, 1, dtype=torch.bool)), dim=1)
         logits = model(tok[:, None], nxt_pos[:, None], keys_valid[:, None, None], caches,
-                       draft_vocab=True)[:, -1]
+                       draft_vocab=True, last=True)[:, -1]
         nxt_pos = nxt_pos + 1
     return torch.stack(tokens, 1).tolist(), torch.stack(probs, 1).tolist(), keys_valid
 
@@ -160,7 +160,7 @@ def propose_cached(model: DraftModel, cache: DraftCache, req_ids: Sequence[Hasha
                     kk[j, :, P - p:] = past[i][0]
                     vv[j, :, P - p:] = past[i][1]
             caches[i] = [kk, vv]
-    logits = model(ids, qpos, mask[:, None], caches, draft_vocab=True)[:, -1]
+    logits = model(ids, qpos, mask[:, None], caches, draft_vocab=True, last=True)[:, -1]
     toks, probs, keys_valid = _greedy_steps(model, logits, qpos[:, -1] + 1, valid, caches, k,
                                             temperature)
     for j, req in enumerate(req_ids):

@@ -6,7 +6,9 @@ Cost: a process start (vLLM + DeepSpeed) dominates, so each chain is one run dir
 that one process after another kills at a different point and the next resumes (the
 point list below is ordered so that the run still moves forward), and the uninterrupted
 reference is shared. Between processes the directory is checked for gaps; at the end
-its rows are compared with the reference.
+its rows are compared with the reference. With speculation (the drafter's state and
+history through kills and resumes, with and without the run's index):
+test_reproducible_spec.py.
 """
 
 from __future__ import annotations
@@ -47,7 +49,6 @@ CHAIN_NONE = [
     ("mid_history_write:2:ENOSPC", 1),  # step 4's history file: disk full
     ("mid_checkpoint_write:EACCES", 1),  # step 4's checkpoint: unwritable
 ]
-CHAIN_SPEC = [("after_sync:3", -9), ("mid_index_build", -9), ("after_metrics_append:2", -9)]
 
 
 def train(model: Path, run_dir: Path, *extra: str, fault: str | None = None,
@@ -121,53 +122,6 @@ def test_every_fault_point_resumes_to_the_uninterrupted_rows_bit_for_bit(
     assert len(got["history"]) == STEPS * BATCH * N
     assert [r["step"] for r in got["eval"]] == [0, 2, 4]
     assert got == reference
-
-
-def test_with_history_and_sibling_drafts_resumes_complete(tiny_model, tmp_path):
-    """Rows are checked for completeness through a chain of faults: every step, prompt and
-    sample once, no gap (token identity through a resume is test_reproducible_spec.py's).
-
-    Steps 3 and 4 revisit steps 1-2's prompts (two steps per epoch) and run in processes
-    resumed from the step-2 checkpoint: their drafter history comes back from the index
-    that checkpoint refreshed, drafts from it are accepted, and the engine still samples
-    from the trained weights (vLLM's logprobs of the sampled tokens equal the trainer's).
-    Without the index, a resume warns and the drafter reads the history from the step files."""
-    run_dir = tmp_path / "run"
-    args = ("spec.method=history+group", "data.train_size=4", "rollout.temperature=1.0",
-            "rollout.logprob_check_every=1")
-    run_chain(tiny_model, run_dir, CHAIN_SPEC, *args)
-    got = audit.snapshot(run_dir)
-    keys = [(r["step"], r["prompt_id"], r["sample_index"]) for r in got["history"]]
-    assert len(keys) == len(set(keys)) == STEPS * BATCH * N
-    assert sorted({k[0] for k in keys}) == list(range(STEPS))
-    assert all(r["policy_version"] == r["step"] for r in got["history"])
-    assert [r["step"] for r in got["eval"]] == [0, 2, 4]
-    state = json.loads((run_dir / "checkpoints/step-000004/state.json").read_text())
-    assert state["covers"]["history_rows"] == STEPS * BATCH * N
-    meta = json.loads((run_dir / "index" / "meta.json").read_text())
-    assert meta["last_step"] == STEPS - 1 and meta["rows"] == STEPS * BATCH * N
-    m = _metrics(run_dir)
-    assert [r["step"] for r in m] == [1, 2, 3, 4] and [r["epoch"] for r in m] == [0, 0, 1, 1]
-    for r in m:
-        assert r["spec_tau"] >= 1.0 and 0.0 <= r["spec_accept_rate"] <= 1.0
-        assert r["spec_drafter_s"] >= 0.0
-        assert r["train_sampler_logprob_diff"] < 1e-4
-    # prompts of the step (and of the next, prepared) the drafter holds history for: none
-    # at step 1; steps 3-4 (epoch 1) ran in resumed processes, so their prompts' epoch-0
-    # history came back from the index
-    held = [r["spec_history_prompts"] for r in m]
-    assert held[0] == 0 and held[2] == held[3] == BATCH, held
-    assert max(r["spec_tau"] for r in m[2:]) > 1.0  # drafts from epoch 0 were accepted
-
-    shutil.rmtree(run_dir / "index")
-    proc = train(tiny_model, run_dir, *args, f"train.total_steps={STEPS + 1}", resume=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "has no history index" in proc.stderr
-    assert _metrics(run_dir)[STEPS]["spec_history_prompts"] == BATCH
-
-
-def _metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def _tree(run_dir: Path) -> dict:
