@@ -211,8 +211,11 @@ class DraftModel(nn.Module):
         half = shape.head_dim // 2
         inv = 1.0 / shape.rope_theta ** (torch.arange(0, half, dtype=torch.float32) / half)
         self.register_buffer("inv_freq", inv, persistent=False)
-        self.draft_ids: torch.Tensor | None = None  # the draft vocabulary; None: all tokens
-        self._draft_head: torch.Tensor | None = None
+        # the draft vocabulary (None: all tokens) and its LM-head rows: buffers, so they move
+        # with the model, kept out of its state dict (the trainer saves the counts they
+        # are made from)
+        self.register_buffer("draft_ids", None, persistent=False)
+        self.register_buffer("_draft_head", None, persistent=False)
 
     def use_draft_vocab(self, ids: torch.Tensor | None) -> None:
         """Drafting (`forward(..., draft_vocab=True)`) scores only these token ids (a sorted

@@ -300,3 +300,16 @@ def test_the_draft_vocabulary_survives_save_and_load(tmp_path):
     trainer.train(_corpus(3))
     loaded.train(_corpus(3))
     assert loaded.model.draft_ids.tolist() == trainer.model.draft_ids.tolist()
+
+
+def test_the_draft_vocabulary_moves_with_the_model_and_stays_out_of_its_weights():
+    """Its ids and head rows are buffers (a draft model moved to another device or dtype
+    takes them along) that no state dict holds: the counts are the saved state."""
+    trainer = _vocab_trainer(4)
+    trainer.train([([1, 2], [5, 5, 5, 9, 9, 7, 7, 3]), ([1, 2], [11, 3, 5, 0])])
+    model = trainer.model
+    assert "draft_ids" not in model.state_dict() and "_draft_head" not in model.state_dict()
+    model.to(torch.float64)
+    assert model._draft_head.dtype == torch.float64 and model.draft_ids.dtype == torch.long
+    tokens, _ = propose(model, [[1, 5, 2]], 3)
+    assert {t for row in tokens for t in row} <= {3, 5, 7, 9}
