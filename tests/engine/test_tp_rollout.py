@@ -58,8 +58,9 @@ def test_one_engine_over_two_ranks(tiny_model, tmp_path):
 
 
 def test_both_ranks_of_a_tp_group_draft_alike_under_every_budget(tiny_model, tmp_path):
-    """history+group over one engine sharded on 2 ranks: each rank's proposer decides the
-    same draft length for every row of every pass, under each budget (ranks that schedule
+    """history+group+model over one engine sharded on 2 ranks: each rank's proposer (its
+    trees and its own copy of the draft model, trained between rollouts) decides the same
+    draft length for every row of every pass, under each budget (ranks that schedule
     different tokens would hang in their collectives), and both sample the same."""
     import os
     import signal
@@ -81,6 +82,8 @@ def test_both_ranks_of_a_tp_group_draft_alike_under_every_budget(tiny_model, tmp
     for budget in a["drafted"]:
         assert sum(map(sum, a["drafted"][budget])) > 0, budget  # the drafter drafted
         assert a["drafted"][budget] == b["drafted"][budget], budget
+        assert a["model_rows"][budget] > 0, budget  # the draft model drafted too
+    assert a["model_rows"] == b["model_rows"]
     assert a["sampled"] == b["sampled"]
 
 
