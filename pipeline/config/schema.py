@@ -140,6 +140,13 @@ class SpecConfig:
     # continued from the tree (chain_drafts; in a fuller pass only those of the requests
     # predicted to end last and of requests whose last draft was accepted whole)
     chain_drafts: bool = True
+    # rhymectl's drafters with siblings: each request's own tree (its prompt and output
+    # alone, as vLLM's suffix method keeps) beside its prompt's, where a phrase the request
+    # keeps repeating is one sequence among its siblings' and history's. thin: fed and
+    # asked only in thin passes (few requests, verifying about free; a full batch pays
+    # nothing for it); always: every pass (a millisecond or more per pass of a full batch
+    # on the drafter's critical path); never. With siblings off the own tree is always used
+    own_tree: Literal["thin", "always", "never"] = "thin"
     thin_pass_tokens: int = non_negative(296)
     thin_draft_tokens: int = non_negative(16)
     # rhymectl's drafters: a pass with more running requests than this drafts nothing

@@ -27,7 +27,7 @@ def drafter_config(spec: SpecConfig) -> DrafterConfig:
                                     max_spec_factor=spec.spec_factor(),
                                     reward_weighted=spec.reward_weighted,
                                     max_cached_prompts=spec.max_cached_prompts,
-                                    chain=spec.chain_drafts,
+                                    chain=spec.chain_drafts, own_tree=spec.own_tree,
                                     thin_pass_tokens=spec.thin_pass_tokens)
 
 

@@ -8,8 +8,11 @@ structure, independent of vLLM (the proposer in `pipeline.rollout.proposer` feed
   one tree holding the full prompt, the prompt's history (the last K epochs' responses,
   each preceded by the prompt's last `max_depth` tokens so the first response tokens can
   be drafted) and, with siblings on, the live responses of its group as they grow;
-- per request, when siblings are off, a small tree of its own prompt and output (self
-  drafting, as vLLM's suffix method's local tree);
+- per request, a small tree of its own prompt and output (self drafting, as vLLM's
+  suffix method's local tree): with siblings off always; with siblings on as
+  `DrafterConfig.own_tree` has it (by default only in thin passes, where few requests
+  run and verifying is about free), where it counts a phrase the request keeps repeating
+  undiluted by its siblings and history;
 - one global tree over all prompts' history (FIFO-capped) and, optionally, all live
   responses (`pipeline.drafting.global_tree`).
 
@@ -85,7 +88,9 @@ class GroupDrafter:
     def __init__(self, config: DrafterConfig = DrafterConfig()):
         self.config = config
         self._live = LiveSet(config.max_depth, config.use_siblings,
-                             config.use_global and config.global_live)
+                             config.use_global and config.global_live,
+                             own=config.own_tree != "never")
+        self._last_pass = (False, 0)  # the last drafting pass: (own trees asked, largest cap)
         self._drafts = 0
         self._drafted_tokens = 0
         self._wins = {"prompt": 0, "own": 0, "global": 0}
@@ -302,8 +307,12 @@ class GroupDrafter:
         """Drafts of running requests (caps > 0). First every tree they read gets what it
         lacks (a prompt's group once per change of the live set), then each is drafted:
         feeding one prompt's tree changes no other's drafts, so this is draft by draft."""
-        prompts, live, cfg = self._prompts, self._live, self.config
+        prompts, live = self._prompts, self._live
+        choose = self._choose
         t0 = time.perf_counter()
+        thin = choose.thin(caps)
+        own = self._own_asked(thin)
+        self._last_pass = (own, max(caps, default=0))
         version = live.version
         for req in reqs:
             p = prompts[req.key]
@@ -311,25 +320,25 @@ class GroupDrafter:
                 self._table.tree_of(p)
             if p.fed != version:
                 p.feed(live.members(p.key), version)
-            if not cfg.use_siblings:
+            if own:
                 self._feed_own(req)
         t1 = time.perf_counter()
         out = []
         wins, global_tree = self._wins, self._global.tree
-        choose = self._choose
-        for req, cap, always in zip(reqs, caps, choose.chain_always(reqs, caps, prompts)):
+        for req, cap, always in zip(reqs, caps, choose.chain_always(reqs, caps, prompts, thin)):
             p = prompts[req.key]
             tree = p.tree
             context = req.context()
             chain = bool(always or req.sure())
             pre = req.presumed
-            if pre is not None and pre[0] == cap and pre[5] == chain and pre[2] == context \
+            if pre is not None and pre[0] == cap and pre[5] == chain and pre[6] == own \
+                    and pre[2] == context \
                     and pre[1] == (tree.version, global_tree.version,
                                    -1 if req.own is None else req.own.version):
                 best, source = pre[3], pre[4]  # worked out after the last pass, trees unchanged
                 self.presumed_hits += 1
             else:
-                best, source = choose.best(req, p, tree, cap, context, chain)
+                best, source = choose.best(req, p, tree, cap, context, chain, own)
             req.sent, req.presumed = (best.token_ids, cap, best.score), None
             if best.token_ids:
                 self._drafts += 1
@@ -341,11 +350,29 @@ class GroupDrafter:
         times.queries += time.perf_counter() - t1
         return out
 
-    def _feed_own(self, req: LiveRequest, to_end: bool = False) -> None:
-        """Siblings off: the request's own tree (made on its first draft) gets its tokens
-        up to its previous pass (to its end with to_end, after a pass)."""
+    def _own_asked(self, thin: bool) -> bool:
+        """Whether a pass asks the requests' own trees (thin: the pass is thin)."""
+        cfg = self.config
+        return not cfg.use_siblings or cfg.own_tree == "always" \
+            or (cfg.own_tree == "thin" and thin)
+
+    def _own_ahead(self) -> bool:
+        """After a pass: whether the running requests' own trees are built and fed now,
+        off the critical path: where they are in use, and where the pass is within twice
+        the thin size (requests end one after another: the first thin pass then finds its
+        trees built)."""
+        cfg = self.config
+        asked, cap = self._last_pass
+        if asked or cfg.own_tree == "always":
+            return True
+        return cfg.own_tree == "thin" \
+            and len(self._live.running) * (1 + cap) <= 2 * cfg.thin_pass_tokens
+
+    def _feed_own(self, req: LiveRequest, to_end: bool = False, create: bool = True) -> None:
+        """The request's own tree (made on its first draft, or ahead of it) gets its
+        tokens up to its previous pass (to its end with to_end, after a pass)."""
         if req.own is None:
-            if to_end:
+            if not create:
                 return
             req.own = SuffixTree(self.config.max_depth)
         stop = req.end if to_end else req.pending
@@ -363,9 +390,12 @@ class GroupDrafter:
             if p.tree is not None and members:
                 p.feed(members, version, to_end=True)
                 yield
-        if not self.config.use_siblings:
+        if self._live.own:
+            ahead = self.config.use_siblings and self._own_ahead()
             for req in live.running.values():
-                self._feed_own(req, to_end=True)
+                self._feed_own(req, to_end=True, create=ahead)
+                if ahead:
+                    yield
             yield
         if self.config.global_live:
             self._global.flush(live.take_unsent())
@@ -374,7 +404,8 @@ class GroupDrafter:
         yield from self._table.bury()
         if presume:
             yield OPTIONAL
-            yield from self._choose.presume_steps(live.running.values(), prompts)
+            yield from self._choose.presume_steps(live.running.values(), prompts,
+                                                  self._last_pass[0])
 
     # -- stats ------------------------------------------------------------------------
     def stats(self) -> DrafterStats:

@@ -43,6 +43,13 @@ class DrafterConfig:
     path) and of requests whose last draft was accepted whole. Chaining every draft of a
     full batch doubled the verified tokens and the drafter's time for 3 % more tokens
     per pass (docs/speculation.md, "Draft chains");
+    own_tree: with siblings on, each request's own tree (its prompt and output alone) is
+    fed and asked beside its prompt's: "thin" only in thin passes (as chains: where a GPU
+    pass costs about the same whatever it verifies and few requests run, so it costs the
+    drafter little), "always" in every pass, "never". In its prompt's tree a phrase the
+    request keeps repeating is one sequence among its siblings' and history's and is cut
+    at min_path_prob; its own tree counts it alone (docs/speculation.md, "Trees"). With
+    siblings off the own tree is the request's only live tree and always used;
     background: work the next drafts need but the current ones do not (live tokens into
     the trees after a pass, ended groups out, trees built ahead) runs in a background
     thread (`pipeline.drafting.background`); False runs it inline, with the same drafts.
@@ -66,6 +73,7 @@ class DrafterConfig:
     chain: bool = True
     thin_pass_tokens: int = 296
     chain_longest: float = 0.25
+    own_tree: str = "thin"
     background: bool = True
 
     @classmethod

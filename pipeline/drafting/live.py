@@ -3,8 +3,9 @@ GRPO group each belongs to, and the tokens each has generated that a tree has ye
 
 A running request's tokens feed up to three suffix trees (`pipeline.drafting.drafter` owns
 them): its prompt's tree (with siblings on, its output, the newest pass held back while it
-runs), the global tree (with siblings on, its output) and its own tree (with siblings
-off: prompt and output, the newest pass held back). Appending a token to a C++ tree costs
+runs), the global tree (with siblings on, its output) and its own tree (prompt and
+output, the newest pass held back: always with siblings off, with siblings as the drafter's
+`own_tree` rule has it). Appending a token to a C++ tree costs
 microseconds, and in a full batch the budget grants few drafts, so tokens are only
 recorded here — one list per request, extended once per pass — and a tree receives them
 when a request that reads it drafts: each tree's share is a slice from that tree's
@@ -117,13 +118,15 @@ class LiveSet:
     """The running requests of one engine and their groups.
 
     max_depth: the trees' depth (a request keeps max_depth + 1 context tokens); siblings:
-    requests feed their prompt's tree (else each its own); to_global: they also feed the
-    global tree (only with siblings).
+    requests feed their prompt's tree; own: each may also feed a tree of its own (always
+    without siblings), so its tokens are kept until that tree has them; to_global: they
+    also feed the global tree (only with siblings).
     """
 
-    def __init__(self, max_depth: int, siblings: bool, to_global: bool):
+    def __init__(self, max_depth: int, siblings: bool, to_global: bool, own: bool = False):
         self.max_depth = max_depth
         self.siblings = siblings
+        self.own = own or not siblings
         self.to_global = siblings and to_global
         self.running: dict[Hashable, LiveRequest] = {}
         self._groups: dict[str, list[LiveRequest]] = {}  # key -> running + finished
@@ -170,7 +173,7 @@ class LiveSet:
                 req.global_pos = n_prompt
                 if output:
                     self._unsent[req] = None
-        else:
+        if self.own:
             req.own_pos = 0
         req.pending = req.end - 1 if output else req.end
         self.version += 1

@@ -2,7 +2,8 @@
 and where a draft is chained. Pure logic over `pipeline.drafting.suffix_tree`; the
 drafter (`pipeline.drafting.drafter`) owns the trees and the requests.
 
-`best` asks the prompt's tree first, then the request's own tree (siblings off), then the
+`best` asks the prompt's tree first, then the request's own tree (siblings off, or as
+`DrafterConfig.own_tree` says: by default in thin passes), then the
 global tree (only when the prompt's trees offer nothing, with `global_fallback`), and
 keeps the best-scoring draft (score = expected accepted tokens; ties go to the prompt's
 own tree). A draft of max_tokens tokens all at probability 1 cannot be beaten, so no
@@ -48,14 +49,18 @@ class DraftChooser:
         self._live = live
         self._remaining = remaining
 
+    def thin(self, caps: list[int]) -> bool:
+        """Whether a pass with these caps is thin: running requests x (1 + the largest
+        cap) at most `thin_pass_tokens`."""
+        return len(self._live.running) * (1 + max(caps, default=0)) <= self.config.thin_pass_tokens
+
     def chain_always(self, reqs: list[LiveRequest], caps: list[int],
-                     prompts: Mapping[str, PromptState]) -> Iterable[bool]:
+                     prompts: Mapping[str, PromptState], thin: bool) -> Iterable[bool]:
         """Per request of this pass: chain its draft whatever its last draft's fate (a
         thin pass, or a request predicted to end last)."""
-        cfg = self.config
-        if not cfg.chain:
+        if not self.config.chain:
             return repeat(False)
-        if len(self._live.running) * (1 + max(caps, default=0)) <= cfg.thin_pass_tokens:
+        if thin:
             return repeat(True)
         return self.longest(reqs, prompts)
 
@@ -73,13 +78,14 @@ class DraftChooser:
         return [t >= cut for t in totals]
 
     def best(self, req: LiveRequest, p: PromptState, tree: SuffixTree, max_tokens: int,
-             context: list[int], chain: bool) -> tuple[Draft, str]:
+             context: list[int], chain: bool, own: bool) -> tuple[Draft, str]:
         """The best-scoring draft of the request's trees for `context`, and the tree that
         served it ("prompt", "own" or "global"). chain: a draft that stops short of its
-        cap is chained (with `DrafterConfig.chain`)."""
+        cap is chained (with `DrafterConfig.chain`); own: the request's own tree is asked."""
         cfg, global_tree = self.config, self._global
         chain = cfg.chain and chain
-        memo = cfg.use_siblings and not cfg.global_live  # the trees are all in the key
+        # siblings share a draft while its trees are all in the key (not their own)
+        memo = cfg.use_siblings and not cfg.global_live and not own
         if memo:
             last, versions = p.last, (tree.version, global_tree.tree.version, chain)
             if last is not None and last.versions == versions \
@@ -93,7 +99,7 @@ class DraftChooser:
         args = (asked, max_tokens, cfg.min_path_prob, cfg.max_spec_factor,
                 cfg.max_spec_offset)
         best, source = tree.speculate(*args), "prompt"
-        if req.own is not None and best.score < max_tokens:
+        if own and req.own is not None and best.score < max_tokens:
             d = req.own.speculate(*args)
             if d.score > best.score:
                 best, source = d, "own"
@@ -117,14 +123,16 @@ class DraftChooser:
         return (tree.version, self._global.tree.version,
                 -1 if req.own is None else req.own.version)
 
-    def presume_steps(self, running: Iterable[LiveRequest], prompts: Mapping[str, PromptState]):
+    def presume_steps(self, running: Iterable[LiveRequest], prompts: Mapping[str, PromptState],
+                      own: bool):
         """Each running request's next draft worked out for the outcome its trees expect —
         its last draft accepted whole, then their most likely next token — at the same
         cap (`GroupDrafter.after_pass(presume=True)`), one request a step, the surest
         drafts first (the ones most likely accepted whole, and asked of long matches: the
         costliest queries); requests that got no draft last. Kept in `req.presumed` with
         the chain flag it was worked out for: a presumed draft is served only where a
-        fresh query would chain the same way, so it is always the draft that query gives."""
+        fresh query would chain the same way and ask the own trees as `own` says (the last
+        pass's rule), so it is always the draft that query gives."""
         cfg = self.config
         args = (1, 0.0, cfg.max_spec_factor, cfg.max_spec_offset)
         order = sorted((r for r in running if r.sent is not None), key=lambda r: -r.sent[2])
@@ -136,7 +144,7 @@ class DraftChooser:
                 continue
             context = req.tokens[-req.keep:] + tokens  # all of the draft accepted
             guess = tree.speculate(context[-GUESS_CONTEXT:], *args)
-            if not guess.token_ids and req.own is not None:
+            if not guess.token_ids and own and req.own is not None:
                 guess = req.own.speculate(context[-GUESS_CONTEXT:], *args)
             if guess.token_ids:
                 context = (context + guess.token_ids)[-req.keep:]  # and the next token
@@ -145,8 +153,9 @@ class DraftChooser:
                 # (thin, or the request among the longest) is known only then, so the flag
                 # is checked against the pass's own before the presumed draft is used
                 chain = bool(tokens)
-                best, source = self.best(req, p, tree, cap, context, chain)
-                req.presumed = (cap, self.versions(req, tree), context, best, source, chain)
+                best, source = self.best(req, p, tree, cap, context, chain, own)
+                req.presumed = (cap, self.versions(req, tree), context, best, source, chain,
+                                own)
             yield
 
 

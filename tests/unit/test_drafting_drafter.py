@@ -498,8 +498,9 @@ def _count_speculate(monkeypatch) -> list:
 
 def test_siblings_with_the_same_context_share_one_tree_query(monkeypatch):
     """GRPO siblings in the same state (all of them at T = 0) get the draft the first one
-    got, without asking the trees again, until a tree changes or the context differs."""
-    d = drafter(use_global=False, min_path_prob=0.6)
+    got, without asking the trees again, until a tree changes or the context differs
+    (their own trees, which they do not share, stay out of it here)."""
+    d = drafter(use_global=False, min_path_prob=0.6, own_tree="never")
     d.set_history(prompt_hash(P), hist([1, 2, 3, 4, 5, 6], [1, 2, 3, 7, 8, 9]))
     for r in ("a", "b", "c"):
         d.start(r, P, [1])
@@ -516,7 +517,7 @@ def test_siblings_with_the_same_context_share_one_tree_query(monkeypatch):
 
 
 def test_a_rebuilt_tree_is_asked_again(monkeypatch):
-    d = drafter(use_global=False, max_cached_prompts=1)
+    d = drafter(use_global=False, max_cached_prompts=1, own_tree="never")
     d.set_history(prompt_hash(P), hist([5, 6, 7]))
     d.set_history(prompt_hash(Q), hist([5, 6, 8]))
     d.start("p", P, [5])
@@ -542,3 +543,55 @@ def test_suffix_tree_version_counts_changes():
     assert t.version == 2
     t.remove(1)
     assert t.version == 3
+
+
+def _repeating(**kw) -> GroupDrafter:
+    """Request "a" keeps repeating "7 8 9 5"; its history and a sibling continue "5 7 8"
+    each another way."""
+    d = drafter(use_global=False, min_path_prob=0.5, **kw)
+    d.set_history(prompt_hash(P), hist([7, 8, 9, 5, 7, 8, 1], [7, 8, 9, 5, 7, 8, 2],
+                                       [7, 8, 9, 5, 7, 8, 3]))
+    d.start("a", P, [7, 8, 9, 5, 7, 8, 9, 5, 7, 8])
+    d.start("b", P, [7, 8, 9, 5, 7, 8, 4])
+    d.append("a", [9])  # the request's tokens up to here are in its trees
+    return d
+
+
+@pytest.mark.parametrize("own_tree,thin_pass_tokens,own", [
+    ("thin", 296, True),  # 2 requests x (1 + 4) tokens: a thin pass
+    ("thin", 9, False),  # a full one: the own tree is neither fed nor asked
+    ("always", 9, True),
+    ("never", 296, False),
+])
+def test_a_request_that_repeats_itself_drafts_from_its_own_tree(own_tree, thin_pass_tokens, own):
+    """In its prompt's tree the request's text is one sequence among its history's and its
+    siblings', which match the same context with other continuations: the repetition the
+    request keeps making is cut at min_path_prob there. Its own tree counts it alone; it is
+    asked as spec.own_tree says (by default only in thin passes)."""
+    d = _repeating(own_tree=own_tree, thin_pass_tokens=thin_pass_tokens)
+    draft = d.draft("a", 4)
+    if own:
+        # the own tree has 9 after "5 7 8" once of the twice it saw "7 8" (the last one is
+        # its context's end): probability 0.5, kept
+        assert draft.token_ids == [5, 7, 8, 9] and draft.probs == pytest.approx([1, 1, 1, 0.5])
+        assert d.sources() == {"prompt": 0, "own": 1, "global": 0}
+    else:
+        # after "5 7 8" the prompt's tree has 1, 2, 3, 4 and 9 once each: cut there
+        assert draft.token_ids == [5, 7, 8] and d.sources() == {"prompt": 1, "own": 0, "global": 0}
+        assert d._live.running["a"].own is None  # never built
+
+
+def test_own_trees_are_built_ahead_when_passes_near_thin():
+    """After a pass within twice the thin size the running requests' own trees are built
+    in the background, so the first thin pass finds them; the drafts are the same."""
+    ahead = _repeating(thin_pass_tokens=9)  # 2 x (1 + 4) = 10: not thin, within twice
+    assert ahead.draft("a", 4).token_ids == [5, 7, 8]
+    ahead.after_pass()
+    ahead.settle()
+    assert all(r.own is not None for r in ahead._live.running.values())
+    ahead.append("a", [5])
+    fresh = _repeating(thin_pass_tokens=9)
+    fresh.append("a", [5])
+    # now 2 x (1 + 3) = 8 tokens: thin; both ask their own trees, with the same result
+    assert ahead.draft("a", 3) == fresh.draft("a", 3)
+    assert ahead.sources()["own"] == fresh.sources()["own"] == 1
