@@ -10,9 +10,8 @@ structure, independent of vLLM (the proposer in `pipeline.rollout.proposer` feed
   be drafted) and, with siblings on, the live responses of its group as they grow;
 - per request, a small tree of its own prompt and output (self drafting, as vLLM's
   suffix method's local tree): with siblings off always; with siblings on as
-  `DrafterConfig.own_tree` has it (by default only in thin passes, where few requests
-  run and verifying is about free), where it counts a phrase the request keeps repeating
-  undiluted by its siblings and history;
+  `DrafterConfig.own_tree` has it, by default only in thin passes
+  (`pipeline.drafting.own_trees`);
 - one global tree over all prompts' history (FIFO-capped) and, optionally, all live
   responses (`pipeline.drafting.global_tree`).
 
@@ -73,11 +72,12 @@ from pipeline.history.store import prompt_hash
 from pipeline.drafting.background import OPTIONAL, Background
 from pipeline.drafting.inputs import DrafterConfig, HistoryResponse
 from pipeline.drafting.live import LiveRequest, LiveSet
+from pipeline.drafting.own_trees import OwnTrees
 from pipeline.drafting.prompt_table import HistoryLookup, PromptTable
 from pipeline.drafting.query import DraftChooser
 from pipeline.drafting.remaining import RemainingTracker
 from pipeline.drafting.stats import DrafterStats, DrafterTimes, source_shares
-from pipeline.drafting.suffix_tree import EMPTY_DRAFT, Draft, SuffixTree
+from pipeline.drafting.suffix_tree import EMPTY_DRAFT, Draft
 
 JANITOR_TOKENS = 16384  # ended-sequence tokens removed per pass, off the critical path
 
@@ -90,7 +90,7 @@ class GroupDrafter:
         self._live = LiveSet(config.max_depth, config.use_siblings,
                              config.use_global and config.global_live,
                              own=config.own_tree != "never")
-        self._last_pass = (False, 0)  # the last drafting pass: (own trees asked, largest cap)
+        self._own = OwnTrees(config, self._live)
         self._drafts = 0
         self._drafted_tokens = 0
         self._wins = {"prompt": 0, "own": 0, "global": 0}
@@ -311,8 +311,7 @@ class GroupDrafter:
         choose = self._choose
         t0 = time.perf_counter()
         thin = choose.thin(caps)
-        own = self._own_asked(thin)
-        self._last_pass = (own, max(caps, default=0))
+        own = self._own.asked(thin, caps)
         version = live.version
         for req in reqs:
             p = prompts[req.key]
@@ -321,7 +320,7 @@ class GroupDrafter:
             if p.fed != version:
                 p.feed(live.members(p.key), version)
             if own:
-                self._feed_own(req)
+                self._own.feed(req)
         t1 = time.perf_counter()
         out = []
         wins, global_tree = self._wins, self._global.tree
@@ -350,37 +349,6 @@ class GroupDrafter:
         times.queries += time.perf_counter() - t1
         return out
 
-    def _own_asked(self, thin: bool) -> bool:
-        """Whether a pass asks the requests' own trees (thin: the pass is thin)."""
-        cfg = self.config
-        return not cfg.use_siblings or cfg.own_tree == "always" \
-            or (cfg.own_tree == "thin" and thin)
-
-    def _own_ahead(self) -> bool:
-        """After a pass: whether the running requests' own trees are built and fed now,
-        off the critical path: where they are in use, and where the pass is within twice
-        the thin size (requests end one after another: the first thin pass then finds its
-        trees built)."""
-        cfg = self.config
-        asked, cap = self._last_pass
-        if asked or cfg.own_tree == "always":
-            return True
-        return cfg.own_tree == "thin" \
-            and len(self._live.running) * (1 + cap) <= 2 * cfg.thin_pass_tokens
-
-    def _feed_own(self, req: LiveRequest, to_end: bool = False, create: bool = True) -> None:
-        """The request's own tree (made on its first draft, or ahead of it) gets its
-        tokens up to its previous pass (to its end with to_end, after a pass)."""
-        if req.own is None:
-            if not create:
-                return
-            req.own = SuffixTree(self.config.max_depth)
-        stop = req.end if to_end else req.pending
-        if req.own_pos < stop:
-            req.own.extend(0, req.since(req.own_pos, stop))
-            req.own_pos = stop
-            req.trim()
-
     # -- background jobs --------------------------------------------------------------
     def _after_pass_steps(self, presume: bool):
         live, prompts = self._live, self._prompts
@@ -390,13 +358,7 @@ class GroupDrafter:
             if p.tree is not None and members:
                 p.feed(members, version, to_end=True)
                 yield
-        if self._live.own:
-            ahead = self.config.use_siblings and self._own_ahead()
-            for req in live.running.values():
-                self._feed_own(req, to_end=True, create=ahead)
-                if ahead:
-                    yield
-            yield
+        yield from self._own.after_pass_steps()
         if self.config.global_live:
             self._global.flush(live.take_unsent())
             yield
@@ -405,7 +367,7 @@ class GroupDrafter:
         if presume:
             yield OPTIONAL
             yield from self._choose.presume_steps(live.running.values(), prompts,
-                                                  self._last_pass[0])
+                                                  self._own.last_pass[0])
 
     # -- stats ------------------------------------------------------------------------
     def stats(self) -> DrafterStats:
