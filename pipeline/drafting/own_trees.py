@@ -22,6 +22,7 @@ from typing import Iterator
 
 from pipeline.drafting.inputs import DrafterConfig
 from pipeline.drafting.live import LiveRequest, LiveSet
+from pipeline.drafting.pass_caps import within
 from pipeline.drafting.suffix_tree import SuffixTree
 
 
@@ -47,10 +48,8 @@ class OwnTrees:
         now (where they are in use, and within twice the thin size)."""
         cfg = self.config
         asked, cap = self.last_pass
-        if asked or cfg.own_tree == "always":
-            return True
-        return cfg.own_tree == "thin" \
-            and len(self._live.running) * (1 + cap) <= 2 * cfg.thin_pass_tokens
+        return asked or (cfg.own_tree == "thin"
+                         and within(len(self._live.running), cap, 2 * cfg.thin_pass_tokens))
 
     def feed(self, req: LiveRequest, to_end: bool = False, create: bool = True) -> None:
         """The request's own tree (made on its first draft, or ahead of it) gets its

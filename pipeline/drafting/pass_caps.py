@@ -18,6 +18,12 @@ from dataclasses import dataclass
 from pipeline.config.schema import SpecConfig
 
 
+def within(rows: int, cap: int, pass_tokens: int) -> bool:
+    """Whether a pass of `rows` sequences drafting up to `cap` tokens each schedules at most
+    `pass_tokens` tokens (rows x (1 + cap)): with `spec.thin_pass_tokens`, a thin pass."""
+    return rows * (1 + cap) <= pass_tokens
+
+
 @dataclass(frozen=True)
 class PassCaps:
     """dense: draft tokens per request in a full pass; thin: the most in a thin pass (at
@@ -47,4 +53,4 @@ class PassCaps:
         return min(self.thin, max(self.dense, self.pass_tokens // rows - 1))
 
 
-__all__ = ["PassCaps"]
+__all__ = ["PassCaps", "within"]

@@ -34,6 +34,7 @@ from pipeline.drafting.chain import chain_draft
 from pipeline.drafting.global_tree import GlobalTree
 from pipeline.drafting.inputs import DrafterConfig
 from pipeline.drafting.live import LiveRequest, LiveSet
+from pipeline.drafting.pass_caps import within
 from pipeline.drafting.prompt_state import LastDraft, PromptState
 from pipeline.drafting.remaining import RemainingTracker
 from pipeline.drafting.suffix_tree import Draft, SuffixTree, match_needed
@@ -52,7 +53,7 @@ class DraftChooser:
     def thin(self, caps: list[int]) -> bool:
         """Whether a pass with these caps is thin: running requests x (1 + the largest
         cap) at most `thin_pass_tokens`."""
-        return len(self._live.running) * (1 + max(caps, default=0)) <= self.config.thin_pass_tokens
+        return within(len(self._live.running), max(caps, default=0), self.config.thin_pass_tokens)
 
     def chain_always(self, reqs: list[LiveRequest], caps: list[int],
                      prompts: Mapping[str, PromptState], thin: bool) -> Iterable[bool]:
