@@ -158,13 +158,15 @@ class SpecConfig:
     # history+group+model: the draft model beside the trees (pipeline.drafting.model_source):
     # its decoder layers (the MLP as wide as keeps it within 10 % of the policy's
     # parameters), and the AdamW updates (of 32 responses) and learning rate of its online
-    # training on each step's responses, between the trainer's update and the next rollout;
+    # training between the trainer's update and the next rollout, on the responses of the
+    # last draft_window steps (this step's and those before it);
     # draft_vocab: it drafts from the draft_vocab tokens most frequent in the responses it
     # trained on (its LM head, most of its cost per token, cut to those rows, as EAGLE-3
     # and FR-Spec do; 0: the whole vocabulary). Lossless either way: the target verifies
     draft_layers: int = positive(1)
     draft_updates: int = positive(20)
-    draft_lr: float = positive(3e-3)
+    draft_window: int = positive(3)
+    draft_lr: float = positive(3e-4)
     draft_vocab: int = non_negative(32768)
 
     def spec_factor(self) -> float:

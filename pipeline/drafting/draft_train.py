@@ -1,13 +1,14 @@
 """Training a `pipeline.drafting.draft_model.DraftModel` online, and its state.
 
 - `DraftTrainer`: one call takes one step's rollouts (prompt ids, response ids) and runs a
-  fixed number of AdamW updates on their response tokens, each token weighted by its
-  response's length relative to the step's mean, since the longest responses set the
+  fixed number of AdamW updates on the response tokens of the last `window` steps'
+  rollouts (this one and those kept from earlier calls), each token weighted by its
+  response's length relative to its step's mean, since the longest responses set the
   step's critical path. A fixed number of updates, not a time budget, so that the same
   seed and rollouts give the same weights.
-- `save_state` / `load_state`: weights, optimiser moments, the trainer's counters and its
-  token counts (the draft vocabulary's source) in one safetensors file (no pickle), for
-  checkpoints.
+- `save_state` / `load_state`: weights, optimiser moments, the trainer's counters, its
+  token counts (the draft vocabulary's source) and the rollouts of its window in one
+  safetensors file (no pickle), for checkpoints.
 """
 
 from __future__ import annotations
@@ -26,6 +27,13 @@ from pipeline.drafting.draft_model import DraftModel, DraftShape
 FORMAT = "rhymectl-draft-model/1"  # the safetensors metadata tag of `save_state`
 
 
+def _ids(tokens) -> torch.Tensor:
+    """Token ids (a sequence or tensor) as a compact 1-D int32 tensor."""
+    if isinstance(tokens, torch.Tensor):
+        return tokens.reshape(-1).to(torch.int32)
+    return torch.tensor([int(t) for t in tokens], dtype=torch.int32)
+
+
 # -- online training ----------------------------------------------------------------------
 @dataclass(frozen=True)
 class TrainReport:
@@ -40,14 +48,18 @@ class TrainReport:
 
 @dataclass(frozen=True)
 class TrainSettings:
-    """updates: AdamW steps per call; batch: responses per step; length_power: each
-    response token weighs (length / mean length) ** length_power; draft_vocab: after each
+    """updates: AdamW steps per call; batch: responses per step; window: the updates draw
+    from the rollouts of this many steps (the call's and the window - 1 before it: the
+    next rollout's prompts are rarely this one's, and a few steps' responses teach the
+    policy's habits rather than one step's text); length_power: each response token
+    weighs (length / its step's mean length) ** length_power; draft_vocab: after each
     call the model drafts from the draft_vocab tokens most frequent in the responses it
     has trained on so far (0, or a vocabulary no larger: every token)."""
 
     updates: int = 20
     batch: int = 32
-    lr: float = 3e-3
+    window: int = 3
+    lr: float = 3e-4
     weight_decay: float = 0.0
     length_power: float = 1.0
     max_grad_norm: float = 1.0
@@ -67,6 +79,9 @@ class DraftTrainer:
                                      weight_decay=settings.weight_decay)
         # response tokens trained on so far, per token id: what the draft vocabulary keeps
         self.counts = torch.zeros(model.shape.vocab_size, dtype=torch.long)
+        # the last `settings.window` calls' rollouts, oldest first: (prompt, response)
+        # int32 tensors per rollout (compact: a GPU run's step holds millions of tokens)
+        self.window: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
 
     def draft_vocab(self) -> torch.Tensor | None:
         """The settings.draft_vocab most frequent token ids in `counts` (ties: the lower
@@ -87,13 +102,13 @@ class DraftTrainer:
         """(ids, first response position, weight) per rollout with a response; each
         sequence cut to the model's positions."""
         limit = self.model.shape.max_positions
-        kept = [(list(p), list(r)) for p, r in rollouts if len(r) and len(p)]
+        kept = [(_ids(p), _ids(r)) for p, r in rollouts if len(r) and len(p)]
         if not kept:
             return []
         mean = sum(len(r) for _, r in kept) / len(kept)
         power = self.settings.length_power
-        return [((p + r)[:limit], len(p), (len(r) / mean) ** power) for p, r in kept
-                if len(p) < limit]
+        return [(torch.cat((p, r))[:limit], len(p), (len(r) / mean) ** power)
+                for p, r in kept if len(p) < limit]
 
     def _loss(self, batch) -> tuple[torch.Tensor, int]:
         """Weighted mean next-token cross-entropy over the response tokens of `batch`."""
@@ -101,7 +116,7 @@ class DraftTrainer:
         ids = torch.zeros(len(batch), width, dtype=torch.long)
         weight = torch.zeros(len(batch), width - 1)
         for j, (seq, start, w) in enumerate(batch):
-            ids[j, :len(seq)] = torch.tensor(seq, dtype=torch.long)
+            ids[j, :len(seq)] = seq
             weight[j, start - 1:len(seq) - 1] = w  # positions that predict response tokens
         # right padding: the causal mask suffices; the LM head (the vocabulary-wide matmul,
         # most of the cost for a real vocabulary) only where a response token is predicted
@@ -128,10 +143,13 @@ class DraftTrainer:
 
     def train(self, rollouts: Sequence[tuple[Sequence[int], Sequence[int]]]) -> TrainReport:
         """`settings.updates` AdamW steps on minibatches of `rollouts` (prompt ids,
-        response ids), reshuffled each pass over them from (seed, calls)."""
+        response ids) and the window's earlier steps', reshuffled each pass over them
+        from (seed, calls)."""
         start = time.perf_counter()
         self._count(rollouts)
-        examples = self._examples(rollouts)
+        step = [(_ids(p), _ids(r)) for p, r in rollouts]
+        self.window = (self.window + [step])[-max(1, self.settings.window):]
+        examples = [e for kept in self.window for e in self._examples(kept)]
         if not examples:
             self.model.use_draft_vocab(self.draft_vocab())
             return TrainReport(float("nan"), float("nan"), 0, 0, 0.0)
@@ -164,7 +182,7 @@ def save_state(trainer: DraftTrainer, path: str | Path) -> None:
     file at `path` (written in place: the caller's checkpoint writes atomically)."""
     from safetensors.torch import save_file
 
-    tensors = {f"weight.{n}": p.detach().contiguous() for n, p in trainer.model.named_parameters()}
+    tensors: dict[str, torch.Tensor] = {f"weight.{n}": p.detach().contiguous() for n, p in trainer.model.named_parameters()}
     names = {id(p): n for n, p in trainer.model.named_parameters()}
     for p, st in trainer.opt.state.items():
         n = names[id(p)]
@@ -172,10 +190,26 @@ def save_state(trainer: DraftTrainer, path: str | Path) -> None:
         tensors[f"adam.{n}.exp_avg_sq"] = st["exp_avg_sq"].contiguous()
         tensors[f"adam.{n}.step"] = torch.as_tensor(st["step"], dtype=torch.float32).reshape(1)
     tensors["vocab.counts"] = trainer.counts.contiguous()
+    for k, step in enumerate(trainer.window):
+        for part, name in ((0, "prompts"), (1, "responses")):
+            seqs = [pair[part] for pair in step]
+            tensors[f"window.{k}.{name}"] = torch.cat(seqs) if seqs else \
+                torch.zeros(0, dtype=torch.int32)
+            tensors[f"window.{k}.{name}_len"] = torch.tensor([len(x) for x in seqs],
+                                                            dtype=torch.int64)
     meta = {"format": FORMAT, "shape": json.dumps(asdict(trainer.model.shape)),
             "settings": json.dumps(asdict(trainer.settings)), "seed": str(trainer.seed),
-            "calls": str(trainer.calls)}
+            "calls": str(trainer.calls), "window": str(len(trainer.window))}
     save_file(tensors, str(path), metadata=meta)
+
+
+def _window_step(tensors: dict, k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The k-th step of a saved window: its (prompt, response) pairs."""
+    parts = []
+    for name in ("prompts", "responses"):
+        lengths = tensors[f"window.{k}.{name}_len"].tolist()
+        parts.append(list(torch.split(tensors[f"window.{k}.{name}"].to(torch.int32), lengths)))
+    return list(zip(*parts))
 
 
 def load_state(path: str | Path) -> DraftTrainer:
@@ -204,6 +238,7 @@ def load_state(path: str | Path) -> DraftTrainer:
                 "exp_avg_sq": tensors[f"adam.{n}.exp_avg_sq"].clone()}
     if "vocab.counts" in tensors:  # a state written before draft vocabularies: none counted
         trainer.counts = tensors["vocab.counts"].clone()
+    trainer.window = [_window_step(tensors, k) for k in range(int(meta.get("window", 0)))]
     model.eval()
     model.use_draft_vocab(trainer.draft_vocab())
     return trainer

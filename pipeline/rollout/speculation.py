@@ -107,8 +107,8 @@ def draft_model_source(spec: SpecConfig, policy: PolicySource | None):
 
     source = ModelSource.from_policy(
         policy.path, layers=spec.draft_layers, seed=policy.seed,
-        settings=TrainSettings(updates=spec.draft_updates, lr=spec.draft_lr,
-                               draft_vocab=spec.draft_vocab),
+        settings=TrainSettings(updates=spec.draft_updates, window=spec.draft_window,
+                               lr=spec.draft_lr, draft_vocab=spec.draft_vocab),
         max_len=spec.num_speculative_tokens, priced=spec.budget != "tree",
         min_path_prob=spec.min_path_prob)
     source.set_temperature(policy.temperature)

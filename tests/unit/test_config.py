@@ -203,6 +203,7 @@ RULES = {
     "run.checkpoint_every": ("0", "0", POSITIVE),
     "spec.draft_layers": ("0", "0", POSITIVE),
     "spec.draft_updates": ("0", "0", POSITIVE),
+    "spec.draft_window": ("0", "0", POSITIVE),
     "spec.draft_lr": ("0", "0.0", POSITIVE),
     "spec.draft_vocab": ("-1", "-1", NON_NEGATIVE),
     "run.keep_checkpoints": ("0", "0", POSITIVE),

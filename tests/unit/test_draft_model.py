@@ -159,6 +159,52 @@ def test_save_and_load_give_identical_drafts_and_identical_further_training(tmp_
         assert torch.equal(x, y), name
 
 
+def _window_trainer(window: int, seed: int = 0) -> DraftTrainer:
+    return DraftTrainer(DraftModel(SMALL, seed=seed),
+                        TrainSettings(updates=15, batch=8, lr=1e-2, window=window), seed=seed)
+
+
+def test_the_window_keeps_the_last_steps_rollouts_oldest_first():
+    trainer = _window_trainer(2)
+    steps = [_corpus(s, n=6) for s in (1, 2, 3)]
+    for step in steps:
+        trainer.train(step)
+    kept = [[(p.tolist(), r.tolist()) for p, r in step] for step in trainer.window]
+    assert kept == [[(list(p), list(r)) for p, r in step] for step in steps[1:]]
+
+
+def test_a_window_goes_on_training_on_the_earlier_steps_responses():
+    """After steps A then B, a window of 2 still fits A better than a window of 1, which
+    trained on B alone in its second call; both fit B."""
+    a, b = _corpus(5), _corpus(6)
+    losses = {}
+    for window in (1, 2):
+        trainer = _window_trainer(window, seed=3)
+        trainer.train(a)
+        report = trainer.train(b)
+        assert report.loss_after < report.loss_before
+        losses[window] = trainer.loss(a)
+    assert losses[2] < losses[1]
+
+
+def test_the_window_survives_save_and_load(tmp_path):
+    trainer = _window_trainer(3, seed=1)
+    for s in (1, 2):
+        trainer.train(_corpus(s, n=5))
+    path = tmp_path / "draft.safetensors"
+    save_state(trainer, path)
+    loaded = load_state(path)
+    assert len(loaded.window) == 2
+    for mine, theirs in zip(trainer.window, loaded.window):
+        assert [(p.tolist(), r.tolist()) for p, r in mine] == \
+            [(p.tolist(), r.tolist()) for p, r in theirs]
+    trainer.train(_corpus(3))
+    loaded.train(_corpus(3))
+    for (name, x), (_, y) in zip(trainer.model.state_dict().items(),
+                                 loaded.model.state_dict().items()):
+        assert torch.equal(x, y), name
+
+
 def test_a_foreign_safetensors_file_is_refused(tmp_path):
     from safetensors.torch import save_file
 
