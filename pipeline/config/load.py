@@ -145,6 +145,12 @@ def cross_checks(cfg: Config) -> list[str]:
                    f"would size drafts by its own measured seconds, and ranks that schedule "
                    f"different tokens hang in their collectives; use spec.pass_cost=fixed")
     served_by = method(cfg.spec.method).vllm_method
+    if cfg.spec.min_accept and (cfg.spec.budget != "tree" or served_by is not None
+                                or cfg.spec.method == "none"):
+        out.append(f"spec.min_accept = {cfg.spec.min_accept} cuts the tree budget's drafts "
+                   f"of rhymectl's drafters ({', '.join(DRAFTER_METHODS)}) and spec.budget "
+                   f"is {cfg.spec.budget}, spec.method {cfg.spec.method}: remove it, or use "
+                   f"spec.budget=tree with one of those methods")
     if cfg.spec.max_draft_rows is not None and served_by is not None:
         out.append(f"spec.max_draft_rows = {cfg.spec.max_draft_rows} applies to rhymectl's "
                    f"drafters ({', '.join(DRAFTER_METHODS)}); vLLM's {served_by} proposer "

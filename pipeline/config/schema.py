@@ -27,6 +27,10 @@ def non_negative(default):
     return field(default=default, metadata=_check("a number >= 0", lambda v: v >= 0))
 
 
+def below_one(default):
+    return field(default=default, metadata=_check("a number in [0, 1)", lambda v: 0 <= v < 1))
+
+
 def fraction(default):
     return field(default=default, metadata=_check("a number in (0, 1]", lambda v: 0 < v <= 1))
 
@@ -125,6 +129,11 @@ class SpecConfig:
     # critical: shorten the step's critical path, per-token acceptance from the trees'
     # path counts, pass cost by spec.pass_cost. Measured in docs/speculation.md.
     budget: Literal["tree", "critical", "throughput"] = "tree"
+    # the tree budget: cut each draft where its calibrated probability of acceptance so far
+    # (learnt from the run's verified drafts) falls below min_accept, keeping one token
+    # (0: no cut). Fewer verified draft tokens where the trees rarely match, for a few
+    # more passes (docs/speculation.md, "Draft length")
+    min_accept: float = below_one(0.0)
     # the pass cost the critical budget prices draft tokens with. fixed: one curve that
     # no machine load moves (pipeline.costs.DRAFT_COST), so a seeded rerun drafts, and so
     # samples, the same; online: refitted from the engine's measured pass seconds, which

@@ -204,6 +204,7 @@ RULES = {
     "spec.draft_layers": ("0", "0", POSITIVE),
     "spec.draft_updates": ("0", "0", POSITIVE),
     "spec.draft_window": ("0", "0", POSITIVE),
+    "spec.min_accept": ("1", "1.0", "a number in [0, 1)"),
     "spec.draft_lr": ("0", "0.0", POSITIVE),
     "spec.draft_vocab": ("-1", "-1", NON_NEGATIVE),
     "run.keep_checkpoints": ("0", "0", POSITIVE),

@@ -263,3 +263,73 @@ def test_a_run_of_rejections_never_shuts_speculation_off_for_good():
         b.observe(f"old{i}", 4, 0)
     assert b.overall_acceptance() == pytest.approx(0.3)
     assert sum(allocate(b, [(k, 4) for k in range(8)])) > 0
+
+
+# ---------------------------------------------------------------- tree rule's floor
+
+def _tree_pass(b, drafts):
+    """One pass of the tree rule: ask for every candidate, then grant their drafts."""
+    ids = [f"r{i}" for i in range(len(drafts))]
+    b.ask(ids, [8] * len(ids), len(ids), no_lengths)
+    return ids, b.grant(drafts)
+
+
+def test_the_tree_floor_learns_that_the_trees_draft_badly_and_drafts_less():
+    """min_accept: a draft is cut where its calibrated acceptance so far falls below the
+    floor. While nothing is verified the calibration is the path probabilities
+    themselves; once drafts of sure-looking paths are rejected, the same drafts are cut to
+    one token; once they are accepted whole again, they are kept whole."""
+    from pipeline.drafting.budget_tree import TreeBudget
+    from pipeline.drafting.suffix_tree import Draft
+
+    sure = Draft([5, 6, 7, 8], [0.99, 0.98, 0.97, 0.96], 3.9, 6)
+    b = TreeBudget(8, min_accept=0.1)
+    ids, kept = _tree_pass(b, [sure])
+    assert kept == [4]
+    for _ in range(60):  # every token of these drafts rejected
+        ids, kept = _tree_pass(b, [sure])
+        b.observe(ids[0], kept[0], 0)
+    assert _tree_pass(b, [sure])[1] == [1]
+    for _ in range(200):  # now accepted whole
+        ids, kept = _tree_pass(b, [sure])
+        b.observe(ids[0], kept[0], kept[0])
+    assert _tree_pass(b, [sure])[1] == [4]
+
+
+def test_without_a_floor_the_tree_rule_learns_nothing():
+    from pipeline.drafting.budget_tree import TreeBudget
+    from pipeline.drafting.suffix_tree import Draft
+
+    b = TreeBudget(8)
+    sure = Draft([5, 6, 7], [0.99, 0.98, 0.97], 2.9, 6)
+    for _ in range(30):
+        ids, kept = _tree_pass(b, [sure])
+        b.observe(ids[0], kept[0], 0)
+    assert _tree_pass(b, [sure])[1] == [3]
+    assert b.state() is None and b.calibration() is None
+
+
+def test_the_tree_floors_calibration_survives_a_checkpoint():
+    import json
+
+    from pipeline.drafting.budget_tree import TreeBudget
+    from pipeline.drafting.suffix_tree import Draft
+
+    drafts = [Draft([1, 2, 3, 4, 5], [0.9, 0.6, 0.5, 0.3, 0.2], 2.5, 5),
+              Draft([7, 8], [0.95, 0.4], 1.35, 3)]
+    b = TreeBudget(8, min_accept=0.05)
+    for i in range(40):
+        ids, kept = _tree_pass(b, drafts)
+        for j, (r, k) in enumerate(zip(ids, kept)):
+            b.observe(r, k, (i + j) % 3 and 1)
+    restored = TreeBudget(8, min_accept=0.05)
+    restored.load_state(json.loads(json.dumps(b.state())))
+    assert _tree_pass(restored, drafts)[1] == _tree_pass(b, drafts)[1] != [5, 2]
+
+
+def test_a_tree_floor_outside_zero_to_one_is_refused():
+    from pipeline.drafting.budget_tree import TreeBudget
+
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="min_accept"):
+            TreeBudget(8, min_accept=bad)

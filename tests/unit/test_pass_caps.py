@@ -79,3 +79,17 @@ def test_draft_model_settings_without_a_draft_model_are_refused_for_training():
         "spec.method is history+group: remove it or use that method"]
     assert draft_model_problems(load_config(None, ["spec.method=history+group+model",
                                                    "spec.draft_updates=40"])) == []
+
+
+def test_the_tree_floor_is_refused_where_no_tree_budget_drafts():
+    from pipeline.config import ConfigError, load_config
+
+    assert load_config(None, ["spec.method=history+group", "spec.min_accept=0.02"]) \
+        .spec.min_accept == 0.02
+    for bad in (["spec.method=history+group", "spec.budget=critical", "spec.min_accept=0.02"],
+                ["spec.method=suffix", "spec.min_accept=0.02"],
+                ["spec.method=none", "spec.min_accept=0.02"]):
+        with pytest.raises(ConfigError) as err:
+            load_config(None, bad)
+        assert len(err.value.problems) == 1
+        assert err.value.problems[0].startswith("spec.min_accept = 0.02 cuts the tree budget's")
