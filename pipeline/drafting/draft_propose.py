@@ -56,21 +56,26 @@ def propose(model: DraftModel, contexts: Sequence[Sequence[int]], k: int,
 
 
 def _greedy_steps(model: DraftModel, logits: torch.Tensor, nxt_pos: torch.Tensor,
-                  keys_valid: torch.Tensor, caches: list, k: int, temperature: float):
-    """k greedy tokens per row from the prefill's last logits, one one-token step on the
-    KV cache after each but the last: (tokens, each token's probability at
-    `temperature`, the key slots' validity after the k - 1 steps)."""
+                  keys_valid: torch.Tensor, caches: list, k: int, temperature: float,
+                  stop_below: float = 0.0):
+    """Up to k greedy tokens per row from the prefill's last logits, one one-token step
+    on the KV cache after each but the last: (tokens, each token's probability at
+    `temperature`, the key slots' validity after the steps). Every row gets as many
+    tokens; fewer than k once every row's path probability (the product of its tokens'
+    probabilities) is below `stop_below`, where no row's draft would be kept further."""
     b = logits.shape[0]
     tokens, probs = [], []
     inv_t = 1.0 / max(float(temperature), 1e-6)
     vocab = model.draft_ids  # logits' column i is token vocab[i] (None: token i)
+    path = torch.ones(b)
     for step in range(k):
         prob = torch.softmax(logits.float() * inv_t, dim=-1)
         col = logits.argmax(-1)
         tok = col if vocab is None else vocab[col]
         tokens.append(tok)
         probs.append(prob.gather(1, col[:, None])[:, 0])
-        if step == k - 1:
+        path = path * probs[-1]
+        if step == k - 1 or bool((path < stop_below).all()):
             break
         keys_valid = torch.cat((keys_valid, torch.ones(b, 1, dtype=torch.bool)), dim=1)
         logits = model(tok[:, None], nxt_pos[:, None], keys_valid[:, None, None], caches,
@@ -108,12 +113,14 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 @torch.inference_mode()
 def propose_cached(model: DraftModel, cache: DraftCache, req_ids: Sequence[Hashable],
-                   contexts: Sequence[Sequence[int]], k: int,
-                   temperature: float = 1.0) -> tuple[list[list[int]], list[list[float]]]:
+                   contexts: Sequence[Sequence[int]], k: int, temperature: float = 1.0,
+                   stop_below: float = 0.0) -> tuple[list[list[int]], list[list[float]]]:
     """`propose` for running requests, reusing each request's keys and values from its
     last call as far as its context still agrees with what they were computed for (its
-    context then, and the draft tokens after it). The drafts are `propose`'s; a context
-    longer than the model's positions allow is recomputed whole (its window moved)."""
+    context then, and the draft tokens after it). The drafts are `propose`'s (their first
+    tokens only, fewer than k, once every row's path probability is below `stop_below`:
+    `_greedy_steps`); a context longer than the model's positions allow is recomputed
+    whole (its window moved)."""
     if k <= 0 or not contexts:
         return [[] for _ in contexts], [[] for _ in contexts]
     keep = max(1, model.shape.max_positions - k)
@@ -162,10 +169,10 @@ def propose_cached(model: DraftModel, cache: DraftCache, req_ids: Sequence[Hasha
             caches[i] = [kk, vv]
     logits = model(ids, qpos, mask[:, None], caches, draft_vocab=True, last=True)[:, -1]
     toks, probs, keys_valid = _greedy_steps(model, logits, qpos[:, -1] + 1, valid, caches, k,
-                                            temperature)
+                                            temperature, stop_below)
     for j, req in enumerate(req_ids):
-        slots = torch.nonzero(keys_valid[j])[:, 0]  # past, new, then the k - 1 drafted
-        cache._rows[req] = (ctxs[j] + toks[j][:k - 1],
+        slots = torch.nonzero(keys_valid[j])[:, 0]  # past, new, then all drafted but the last
+        cache._rows[req] = (ctxs[j] + toks[j][:len(toks[j]) - 1],
                             [(c[0][j][:, slots].clone(), c[1][j][:, slots].clone())
                              for c in caches])
     return toks, probs

@@ -22,8 +22,11 @@ budget has granted the trees' drafts:
   Either way each source's estimates are first scaled by accepted over expected tokens of
   its drafts so far in the rollout (`observe`, for both sources), so that a confident,
   wrong source loses; the scaling restarts with every rollout.
-- the k of `propose_cached` is `spec.num_speculative_tokens` (`max_len`), not the longer
-  drafts of thin passes, which the trees alone make.
+- the k of `propose_cached` is the most any request it runs for may draft in the pass (at
+  most `max_len`, the engine's cap: `spec.thin_draft_tokens` in a thin pass, where the few
+  running requests set the step's critical path). Under the `tree` budget the model stops
+  drafting once every row's path probability is below `spec.min_path_prob`, past which
+  no row's draft is kept.
 
 Between steps `train(rollouts)` runs the trainer's fixed number of AdamW updates on the
 step's responses (never inside a rollout), and clears the cache, whose keys and values
@@ -135,7 +138,8 @@ class ModelSource:
             start = time.perf_counter()
             ids = [req_ids[j] for j in run]
             toks, probs = propose_cached(self.trainer.model, self.cache, ids,
-                                         [context(j) for j in run], k, self.temperature)
+                                         [context(j) for j in run], k, self.temperature,
+                                         0.0 if self.priced else self.min_path_prob)
             self.stats.seconds += time.perf_counter() - start
             self.stats.passes += 1
             self.stats.ran += len(run)

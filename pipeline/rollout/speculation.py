@@ -104,12 +104,13 @@ def draft_model_source(spec: SpecConfig, policy: PolicySource | None):
                          "its draft model from")
     from pipeline.drafting.draft_train import TrainSettings
     from pipeline.drafting.model_source import ModelSource
+    from pipeline.drafting.pass_caps import PassCaps
 
     source = ModelSource.from_policy(
         policy.path, layers=spec.draft_layers, seed=policy.seed,
         settings=TrainSettings(updates=spec.draft_updates, window=spec.draft_window,
                                lr=spec.draft_lr, draft_vocab=spec.draft_vocab),
-        max_len=spec.num_speculative_tokens, priced=spec.budget != "tree",
+        max_len=PassCaps.from_spec(spec).most, priced=spec.budget != "tree",
         min_path_prob=spec.min_path_prob)
     source.set_temperature(policy.temperature)
     return source

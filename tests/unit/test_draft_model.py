@@ -4,6 +4,7 @@ and carried through a checkpoint as safetensors."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -288,6 +289,43 @@ def test_cached_drafts_are_the_recomputed_drafts_pass_after_pass():
             accepted = rng.randrange(len(draft) + 1)
             contexts[r] = contexts[r] + draft[:accepted] + [rng.randrange(3, 13)]
     assert len(cache) == 3
+
+
+def test_drafting_stops_once_every_rows_path_is_below_the_floor_and_the_cache_still_holds():
+    """stop_below: the drafts are the first tokens of the full drafts, as many for every
+    row, cut at the first step where every row's path probability is below the floor;
+    later passes through the same cache still give `propose`'s drafts."""
+    from pipeline.drafting.draft_propose import DraftCache, propose_cached
+
+    trainer = _trainer(seed=3)
+    trainer.train(_corpus())
+    model = trainer.model
+    rng = random.Random(1)
+    cache = DraftCache()
+    contexts = {"a": [1, 9, 4, 2], "b": [1, 3, 5, 7, 9, 11, 2, 3], "c": [1, 6, 2]}
+    shorter = 0
+    for step in range(6):
+        ids = list(contexts)
+        full_t, full_p = propose(model, [contexts[r] for r in ids], 8)
+        paths = [[math.prod(p[:i + 1]) for i in range(8)] for p in full_p]
+        values = sorted(x for path in paths for x in path)
+        m = len(values) // 2  # a floor between two path probabilities near the median,
+        while values[m + 1] < values[m] * 1.01:  # clear of both (the cache's float error)
+            m += 1
+        floor = (values[m] + values[m + 1]) / 2
+        want = next((i + 1 for i in range(8) if all(path[i] < floor for path in paths)), 8)
+        got_t, got_p = propose_cached(model, cache, ids, [contexts[r] for r in ids], 8,
+                                      stop_below=floor)
+        assert got_t == [t[:want] for t in full_t], step
+        shorter += want < 8
+        for r, draft in zip(ids, got_t):
+            accepted = rng.randrange(len(draft) + 1)
+            contexts[r] = contexts[r] + draft[:accepted] + [rng.randrange(3, 13)]
+        got, _ = propose_cached(model, cache, ids, [contexts[r] for r in ids], 8)
+        assert got == propose(model, [contexts[r] for r in ids], 8)[0], step
+        for r, draft in zip(ids, got):  # the next pass starts from these drafts
+            contexts[r] = contexts[r] + draft[:2] + [rng.randrange(3, 13)]
+    assert shorter >= 3
 
 
 # -- the draft vocabulary -------------------------------------------------------------------
