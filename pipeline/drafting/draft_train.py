@@ -182,7 +182,8 @@ def save_state(trainer: DraftTrainer, path: str | Path) -> None:
     file at `path` (written in place: the caller's checkpoint writes atomically)."""
     from safetensors.torch import save_file
 
-    tensors: dict[str, torch.Tensor] = {f"weight.{n}": p.detach().contiguous() for n, p in trainer.model.named_parameters()}
+    tensors: dict[str, torch.Tensor] = {f"weight.{n}": p.detach().contiguous()
+                                        for n, p in trainer.model.named_parameters()}
     names = {id(p): n for n, p in trainer.model.named_parameters()}
     for p, st in trainer.opt.state.items():
         n = names[id(p)]

@@ -262,17 +262,31 @@ def test_the_loss_counts_response_tokens_only():
     assert trainer.loss([(prompt, response)]) == pytest.approx(want, rel=1e-5)
 
 
-def test_cached_drafts_are_the_recomputed_drafts_pass_after_pass():
-    """A cache kept across passes changes no draft: requests that accept part of their
-    draft, none of it, or diverge, start late or stop, get `propose`'s drafts."""
-    from pipeline.drafting.draft_propose import DraftCache, propose_cached
+def _cached_passes(seed: int):
+    """A trained draft, an empty cache, three running requests' contexts and a generator
+    of verification outcomes: what the cache tests drive pass after pass."""
+    from pipeline.drafting.draft_propose import DraftCache
 
     trainer = _trainer(seed=3)
     trainer.train(_corpus())
-    model = trainer.model
-    rng = random.Random(0)
-    cache = DraftCache()
     contexts = {"a": [1, 9, 4, 2], "b": [1, 3, 5, 7, 9, 11, 2, 3], "c": [1, 6, 2]}
+    return trainer.model, DraftCache(), contexts, random.Random(seed)
+
+
+def _verify(contexts: dict, ids, drafts, rng) -> None:
+    """One pass's verification: each request accepts a random prefix of its draft, then
+    the target's own token."""
+    for r, draft in zip(ids, drafts):
+        accepted = rng.randrange(len(draft) + 1)
+        contexts[r] = contexts[r] + draft[:accepted] + [rng.randrange(3, 13)]
+
+
+def test_cached_drafts_are_the_recomputed_drafts_pass_after_pass():
+    """A cache kept across passes changes no draft: requests that accept part of their
+    draft, none of it, or diverge, start late or stop, get `propose`'s drafts."""
+    from pipeline.drafting.draft_propose import propose_cached
+
+    model, cache, contexts, rng = _cached_passes(seed=0)
     for step in range(6):
         if step == 2:
             contexts["d"] = [1, 8, 8, 2]  # starts late
@@ -285,9 +299,7 @@ def test_cached_drafts_are_the_recomputed_drafts_pass_after_pass():
         assert got_t == want_t, step
         for g, w in zip(got_p, want_p):
             assert g == pytest.approx(w, rel=1e-4, abs=1e-6)
-        for r, draft in zip(ids, got_t):
-            accepted = rng.randrange(len(draft) + 1)
-            contexts[r] = contexts[r] + draft[:accepted] + [rng.randrange(3, 13)]
+        _verify(contexts, ids, got_t, rng)
     assert len(cache) == 3
 
 
@@ -295,14 +307,9 @@ def test_drafting_stops_once_every_rows_path_is_below_the_floor_and_the_cache_st
     """stop_below: the drafts are the first tokens of the full drafts, as many for every
     row, cut at the first step where every row's path probability is below the floor;
     later passes through the same cache still give `propose`'s drafts."""
-    from pipeline.drafting.draft_propose import DraftCache, propose_cached
+    from pipeline.drafting.draft_propose import propose_cached
 
-    trainer = _trainer(seed=3)
-    trainer.train(_corpus())
-    model = trainer.model
-    rng = random.Random(1)
-    cache = DraftCache()
-    contexts = {"a": [1, 9, 4, 2], "b": [1, 3, 5, 7, 9, 11, 2, 3], "c": [1, 6, 2]}
+    model, cache, contexts, rng = _cached_passes(seed=1)
     shorter = 0
     for step in range(6):
         ids = list(contexts)
@@ -318,9 +325,7 @@ def test_drafting_stops_once_every_rows_path_is_below_the_floor_and_the_cache_st
                                       stop_below=floor)
         assert got_t == [t[:want] for t in full_t], step
         shorter += want < 8
-        for r, draft in zip(ids, got_t):
-            accepted = rng.randrange(len(draft) + 1)
-            contexts[r] = contexts[r] + draft[:accepted] + [rng.randrange(3, 13)]
+        _verify(contexts, ids, got_t, rng)
         got, _ = propose_cached(model, cache, ids, [contexts[r] for r in ids], 8)
         assert got == propose(model, [contexts[r] for r in ids], 8)[0], step
         for r, draft in zip(ids, got):  # the next pass starts from these drafts
