@@ -224,8 +224,9 @@ def load_state(path: str | Path) -> DraftTrainer:
             raise ValueError(f"{path} is not a draft-model state ({FORMAT})")
         tensors = {k: f.get_tensor(k) for k in f.keys()}
     model = DraftModel(DraftShape(**json.loads(meta["shape"])))
-    trainer = DraftTrainer(model, TrainSettings(**json.loads(meta["settings"])),
-                           int(meta["seed"]))
+    # a state written before windows trained on its last step alone, and goes on so
+    settings = {"window": 1, **json.loads(meta["settings"])}
+    trainer = DraftTrainer(model, TrainSettings(**settings), int(meta["seed"]))
     trainer.calls = int(meta["calls"])
     params = dict(model.named_parameters())
     with torch.no_grad():

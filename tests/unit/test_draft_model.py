@@ -402,3 +402,26 @@ def test_the_draft_vocabulary_moves_with_the_model_and_stays_out_of_its_weights(
     assert model._draft_head.dtype == torch.float64 and model.draft_ids.dtype == torch.long
     tokens, _ = propose(model, [[1, 5, 2]], 3)
     assert {t for row in tokens for t in row} <= {3, 5, 7, 9}
+
+
+def test_a_state_written_before_windows_goes_on_training_on_its_last_step_alone(tmp_path):
+    """A checkpoint of the version without `window` resumes as that version trained."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    trainer = _window_trainer(1, seed=2)
+    trainer.train(_corpus(1))
+    path = tmp_path / "draft.safetensors"
+    save_state(trainer, path)
+    with safe_open(str(path), framework="pt") as f:
+        meta = dict(f.metadata())
+        tensors = {k: f.get_tensor(k) for k in f.keys() if not k.startswith("window.")}
+    settings = json.loads(meta.pop("settings"))
+    del settings["window"]
+    meta["settings"] = json.dumps(settings)
+    meta.pop("window")
+    save_file(tensors, str(path), metadata=meta)
+    loaded = load_state(path)
+    assert loaded.settings.window == 1 and loaded.window == []
