@@ -47,7 +47,8 @@ class TreeBudget(Budget):
     def ask(self, req_ids: Sequence[Hashable], available: Sequence[int], rows: int,
             remaining: Remaining) -> list[int]:
         k = self.max_len
-        self._asked = list(req_ids)
+        if self.min_accept:  # grant cuts per request; without a floor nothing is kept
+            self._asked = list(req_ids)
         return [max(0, min(a, k)) for a in available]
 
     def grant(self, drafts) -> list[int]:
