@@ -17,9 +17,9 @@ structure, independent of vLLM (the proposer in `pipeline.rollout.proposer` feed
 
 `draft` asks the trees for the best-scoring continuation of the request's context
 (`pipeline.drafting.query`: which trees, in what order, and where a draft is chained). The
-global tree is asked only when the prompt's own trees offer nothing (`global_fallback`,
-default): at T = 1 a global draft that outscored the prompt's own displaced better ones
-(docs/speculation.md).
+global tree is asked only where the prompt's own trees offer little (a best draft expected
+to yield less than one token, `global_below`): at T = 1 a global draft that outscored a
+good one of the prompt's displaced it (docs/speculation.md).
 
 Costs. Appending a token to a C++ tree costs microseconds, a whole history hundreds of
 them, and in a full batch the budget grants few drafts. So live tokens wait in Python

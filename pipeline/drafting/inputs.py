@@ -9,6 +9,11 @@ from typing import Iterable, Sequence
 from pipeline.config.methods import DRAFTER_METHODS, REGISTRY
 from pipeline.config.schema import DRAFTER_SPEC_FACTOR
 
+# `DrafterConfig.global_below`'s default: the global tree drafts where the prompt's trees
+# expect less than one accepted token. Replayed on recorded runs (docs/speculation.md,
+# "Trees"): their weak drafts lost to the global tree's shared phrasing on a real model's text.
+GLOBAL_BELOW = 1.0
+
 
 @dataclass(frozen=True)
 class DrafterConfig:
@@ -31,8 +36,11 @@ class DrafterConfig:
     other prompts' requests). Off by default: it doubles the tree work per live token and,
     measured with `rhymectl bench spec`, the cross-prompt format is already in the global
     tree through the history;
-    global_fallback: ask the global tree only when the prompt's own trees offer no draft
-    (default; False: keep whichever draft scores higher);
+    global_below: the global tree is asked where the prompt's own trees' best draft scores
+    below this (its expected accepted tokens under their counts) and the higher-scoring
+    draft is kept, ties to the prompt's; 0: only where they offer nothing. Default
+    GLOBAL_BELOW, where the prompt's trees expect less than one token; 0 for methods with
+    a draft model, which drafts there (docs/speculation.md, "Trees");
     chain: a draft that stops before its cap is continued by asking the same tree again
     with the draft appended to the context (`pipeline.drafting.chain`): one query drafts at
     most max_depth - match_len tokens, which keeps drafts short where history repeats
@@ -69,7 +77,7 @@ class DrafterConfig:
     max_global_tokens: int = 1 << 18
     global_tokens_per_prompt: int = 1 << 13
     global_live: bool = False
-    global_fallback: bool = True
+    global_below: float = GLOBAL_BELOW
     chain: bool = True
     thin_pass_tokens: int = 296
     chain_longest: float = 0.25
@@ -78,11 +86,15 @@ class DrafterConfig:
 
     @classmethod
     def for_method(cls, method: str, **kwargs) -> "DrafterConfig":
-        """`history`, `group` or `history+group` (the registry's drafter methods)."""
+        """`history`, `group` or `history+group` (the registry's drafter methods); with
+        a draft model beside the trees the global tree is a fallback only (global_below
+        0: measured, its weak drafts displaced the model's where the prompt's trees
+        offered little)."""
         m = REGISTRY.get(method)
         if m is None or not m.drafter:
             raise ValueError(f"no drafter for spec.method {method!r}; "
                              f"expected one of {sorted(DRAFTER_METHODS)}")
+        kwargs.setdefault("global_below", 0.0 if m.model else GLOBAL_BELOW)
         return cls(use_history=m.history, use_siblings=m.siblings, **kwargs)
 
 

@@ -4,8 +4,9 @@ drafter (`pipeline.drafting.drafter`) owns the trees and the requests.
 
 `best` asks the prompt's tree first, then the request's own tree (siblings off, or as
 `DrafterConfig.own_tree` says: by default in thin passes), then the
-global tree (only when the prompt's trees offer nothing, with `global_fallback`), and
-keeps the best-scoring draft (score = expected accepted tokens; ties go to the prompt's
+global tree (only where the prompt's trees' best draft scores below
+`DrafterConfig.global_below`, by default less than one expected token), and keeps the
+best-scoring draft (score = expected accepted tokens; ties go to the prompt's
 own tree). A draft of max_tokens tokens all at probability 1 cannot be beaten, so no
 further tree is asked for it. GRPO siblings often share their context (all of them at
 T = 0, their first tokens at any temperature): a sibling asking with the context, cap and
@@ -104,7 +105,7 @@ class DraftChooser:
             d = req.own.speculate(*args)
             if d.score > best.score:
                 best, source = d, "own"
-        if cfg.use_global and (not cfg.global_fallback or not best.token_ids):
+        if cfg.use_global and (not best.token_ids or best.score < cfg.global_below):
             if cfg.global_live:
                 global_tree.flush(self._live.take_unsent())
             if best.score < max_tokens and global_tree.num_seqs:

@@ -8,7 +8,8 @@ import pytest
 
 from pipeline.history.store import RolloutRecord, prompt_hash
 from pipeline.drafting.drafter import GroupDrafter, source_shares
-from pipeline.drafting.inputs import DrafterConfig, HistoryResponse, history_from_records
+from pipeline.drafting.inputs import (GLOBAL_BELOW, DrafterConfig, HistoryResponse,
+                                     history_from_records)
 from pipeline.drafting.suffix_tree import SuffixTree
 
 P = [90, 91, 92, 93]  # a prompt
@@ -275,21 +276,34 @@ def test_better_scoring_local_draft_beats_the_global_one():
     assert wins["prompt"] == 2 and wins["global"] == 0
 
 
-def test_the_global_tree_is_asked_only_when_the_prompt_trees_offer_nothing():
-    """Measured (docs/speculation.md): letting a higher-scoring global draft displace the
-    prompt's own cost passes at T = 1 (the global tree's counts look sure for patterns
-    that this prompt's responses do not follow). By default it is a fallback."""
-    for fallback, want, source in ((True, [41, 42], "prompt"), (False, [41, 43, 44], "global")):
-        d = drafter(use_siblings=False, global_fallback=fallback)
-        # another prompt's history makes "40 41 43 44" certain in the global tree
+def test_the_global_tree_is_asked_where_the_prompt_trees_expect_less_than_one_token():
+    """Measured (docs/speculation.md, "Trees"): a higher-scoring global draft displacing a
+    good draft of the prompt's own cost passes at T = 1 (the global tree's counts look sure
+    for patterns this prompt's responses do not follow); where the prompt's trees expect
+    less than one accepted token, the global tree's shared phrasing drafted better."""
+    good = [[40, 41, 42], [40, 41, 45]]  # P's own: "40 41", then 42 or 45: score 1.5
+    weak = [[40, 41], [40, 46], [40, 47]]  # after 40 any of three tokens: score 1/3
+    for own, below, want, source in ((good, GLOBAL_BELOW, [41, 42], "prompt"),
+                                      (good, 8.0, [41, 43, 44], "global"),
+                                      (weak, GLOBAL_BELOW, [41, 43, 44], "global"),
+                                      (weak, 0.0, [41], "prompt")):
+        d = drafter(use_siblings=False, global_below=below)
+        # another prompt's history makes "40 41 43 44" near certain in the global tree
         d.set_history(prompt_hash(Q), hist(*[[40, 41, 43, 44]] * 6))
-        # P's own: "40 41" then 42 once, 45 once (path probability 0.5 at the third token)
-        d.set_history(prompt_hash(P), hist([40, 41, 42], [40, 41, 45]))
+        d.set_history(prompt_hash(P), hist(*own))
         d.start("p", P, [40])
-        assert d.draft("p", 8).token_ids[:len(want)] == want
-        assert d.stats().wins[source] == 1
+        assert d.draft("p", 8).token_ids[:len(want)] == want, (own, below)
+        assert d.stats().wins[source] == 1, (own, below)
         d.start("fresh", R, [40])  # no history of its own: the global tree serves it
-        assert d.draft("fresh", 8).token_ids == [41, 43, 44]
+        assert d.draft("fresh", 8).token_ids[:3] == [41, 43, 44]
+
+
+def test_with_a_draft_model_the_global_tree_is_a_fallback_only():
+    """The draft model drafts where the prompt's trees offer little (measured: the global
+    tree's weak drafts displaced its better ones there)."""
+    assert DrafterConfig.for_method("history+group").global_below == GLOBAL_BELOW > 0
+    assert DrafterConfig.for_method("history+group+model").global_below == 0.0
+    assert DrafterConfig.for_method("history+group+model", global_below=2.0).global_below == 2.0
 
 
 def test_global_history_is_fifo_capped():
