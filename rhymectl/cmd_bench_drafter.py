@@ -4,7 +4,7 @@ suffix proposer, on synthetic token streams (no model, no GPU)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -25,7 +25,8 @@ HELP = (
     "for rhymectl the parts of a pass and the work done in the background while the GPU "
     "pass (--gpu-ms, a sleep here) runs. --soak S instead runs S steps with fresh prompts "
     "each, reading history from a run directory on disk, and reports memory per step. "
-    "Writes OUT/bench-drafter-LIVExLEN.json and .png.\n\n"
+    "spec.KEY=VALUE arguments change rhymectl's drafter settings (chains, budget, caps ...) "
+    "as in a config. Writes OUT/bench-drafter-LIVExLEN.json and .png.\n\n"
     "Example: rhymectl bench drafter --live 128 --mean-len 1024 --passes 50 --repeats 2\n\n"
     "Example: rhymectl bench drafter --live 512 --group 16 --mean-len 8192 --vocab 152064 "
     "--history-epochs 2 --passes 200 --repeats 3 --json --out docs")
@@ -78,11 +79,14 @@ def drafter(
                                                "memory per step (0: off)."),
     out_dir: Path = typer.Option(Path("."), "--out", help="Folder for the JSON and PNG."),
     json_out: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
+    overrides: Optional[List[str]] = typer.Argument(
+        None, help="spec.KEY=VALUE settings of rhymectl's drafter (history+group) and the "
+                   "floor lane's queries, as in a config, e.g. spec.chain_drafts=false"),
 ) -> None:
     from pipeline.bench.drafter import make_plan
 
     plan = make_plan(_live(live), group, mean_len, vocab, rhyme, history_epochs, seed, passes,
-                     repeats, k, start, window, gpu_ms, inline, floor)
+                     repeats, k, start, window, gpu_ms, inline, floor, overrides or [])
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"--out {out_dir} is a file; give a folder")
     if soak < 0:

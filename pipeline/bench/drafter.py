@@ -40,13 +40,14 @@ import os
 import platform
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
 from pipeline.bench import drafter_workload as wl
 from pipeline.bench.drafter_sim import InputBatch, Lane, simulated_runner
 from pipeline.bench.process_memory import measured_build
+from pipeline.config.schema import SpecConfig
 from pipeline.errors import UsageError
 
 Progress = Callable[[str, int], None]  # (what is running, passes just done)
@@ -65,6 +66,13 @@ class Plan:
     gpu_ms: float = 20.0
     inline: bool = False  # also measure rhymectl's drafter with its background work inline
     floor: bool = False  # also measure one bare tree query per row (`drafter_floor`)
+    overrides: tuple[str, ...] = ()  # spec.KEY=VALUE settings of rhymectl's drafter
+    spec: SpecConfig | None = None  # history+group with them (None: the defaults)
+
+    def spec_for(self, history_epochs: int) -> SpecConfig:
+        """rhymectl's drafter settings on a workload of `history_epochs` epochs of history."""
+        base = self.spec or SpecConfig(method="history+group", num_speculative_tokens=self.k)
+        return replace(base, history_epochs=history_epochs)
 
     @property
     def lanes(self) -> tuple[str, ...]:
@@ -75,11 +83,9 @@ class Plan:
     def reach(self) -> int:
         """The most draft tokens a request gets in one pass, on any lane (rhymectl's
         drafter drafts more than k in thin passes, `pipeline.drafting.pass_caps`)."""
-        from pipeline.config.schema import SpecConfig
         from pipeline.rollout.speculation import engine_draft_tokens
 
-        return max(self.k, engine_draft_tokens(SpecConfig(method="history+group",
-                                                          num_speculative_tokens=self.k)))
+        return max(self.k, engine_draft_tokens(self.spec_for(1)))
 
     def start_of(self, shape: wl.Shape) -> int:
         return shape.mean_len // 4 if self.start is None else self.start
@@ -92,9 +98,14 @@ class Plan:
 def make_plan(live: list[int], group: int, mean_len: int, vocab: int, rhyme: float,
               history_epochs: int, seed: int, passes: int, repeats: int, k: int = 8,
               start: int | None = None, window: int = 10, gpu_ms: float = 20.0,
-              inline: bool = False, floor: bool = False) -> Plan:
+              inline: bool = False, floor: bool = False, overrides: Sequence[str] = ()) -> Plan:
     """The plan, every bad value refused at once (UsageError naming each and its fix)."""
     errors = []
+    spec = None
+    try:
+        spec = drafter_spec(overrides, k)
+    except UsageError as e:
+        errors.append(str(e))
     if not live or any(n < 1 for n in live):
         errors.append("--live: give positive request counts, e.g. --live 512 or 128,512")
     elif any(n % group for n in live) if group >= 1 else False:
@@ -122,7 +133,33 @@ def make_plan(live: list[int], group: int, mean_len: int, vocab: int, rhyme: flo
         raise UsageError("; ".join(errors))
     shapes = tuple(wl.Shape(live=n, group=group, mean_len=mean_len, vocab=vocab, rhyme=rhyme,
                             history_epochs=history_epochs, seed=seed) for n in live)
-    return Plan(shapes, passes, repeats, k, start, window, gpu_ms, inline, floor)
+    return Plan(shapes, passes, repeats, k, start, window, gpu_ms, inline, floor,
+                tuple(overrides), spec)
+
+
+# what the bench's flags and workload set: the method it times, --k, --history-epochs
+FIXED_KEYS = ("spec.method", "spec.num_speculative_tokens", "spec.history_epochs")
+
+
+def drafter_spec(overrides: Sequence[str], k: int) -> SpecConfig | None:
+    """`spec.method: history+group` with `k` draft tokens and the `spec.KEY=VALUE`
+    overrides, validated as a config's `spec` section is (None: no overrides)."""
+    if not overrides:
+        return None
+    from pipeline.config.load import ConfigError, load_config
+
+    bad = [o for o in overrides if not o.startswith("spec.") or "=" not in o
+           or o.split("=", 1)[0] in FIXED_KEYS]
+    if bad:
+        raise UsageError(f"{bad[0]}: give spec.KEY=VALUE settings of rhymectl's drafter (it "
+                         "times spec.method history+group; --k and --history-epochs set "
+                         "the draft cap and the history)")
+    try:
+        cfg = load_config(None, ["spec.method=history+group",
+                                 f"spec.num_speculative_tokens={k}", *overrides])
+    except ConfigError as e:
+        raise UsageError("; ".join(e.problems)) from None
+    return cfg.spec
 
 
 # ------------------------------------------------------------------ the two proposers
@@ -150,12 +187,12 @@ def _history_records(work: wl.Workload) -> list[SimpleNamespace]:
 
 
 def build_ours(work: wl.Workload, batch: InputBatch, k: int, max_model_len: int,
-               start: int, background: bool = True) -> Side:
-    from pipeline.config.schema import SpecConfig
+               start: int, background: bool = True, spec: SpecConfig | None = None) -> Side:
+    """rhymectl's drafter lane, with `spec` (default: history+group's defaults, k tokens)."""
     from pipeline.rollout.speculation import Drafting
 
-    spec = SpecConfig(method="history+group", num_speculative_tokens=k,
-                      history_epochs=work.shape.history_epochs)
+    spec = replace(spec or SpecConfig(method="history+group", num_speculative_tokens=k),
+                   history_epochs=work.shape.history_epochs)
     drafting = Drafting(simulated_runner(spec, batch, max_model_len), spec,
                         background=background)
     drafting.remember(_history_records(work))
@@ -188,7 +225,8 @@ def build_ours(work: wl.Workload, batch: InputBatch, k: int, max_model_len: int,
 
 
 def build_suffix(work: wl.Workload, batch: InputBatch, k: int, max_model_len: int,
-                 start: int) -> Side:
+                 start: int, spec: SpecConfig | None = None) -> Side:
+    """vLLM's suffix proposer with vLLM's defaults (`spec` is rhymectl's, not used)."""
     from pipeline.rollout.speculation import suffix_proposer, warm_suffix_proposer
 
     proposer = suffix_proposer(k, max_model_len)
@@ -200,14 +238,14 @@ def build_suffix(work: wl.Workload, batch: InputBatch, k: int, max_model_len: in
 
 # ------------------------------------------------------------------ measuring
 
-def _floor_lane(*args) -> Side:
+def _floor_lane(*args, **kw) -> Side:
     from pipeline.bench.drafter_floor import build_floor  # it imports this module
 
-    return build_floor(*args)
+    return build_floor(*args, **kw)
 
 
 BUILDERS = {"ours": build_ours,
-            "ours-inline": lambda *a: build_ours(*a, background=False),
+            "ours-inline": lambda *a, **kw: build_ours(*a, background=False, **kw),
             "suffix": build_suffix,
             "floor": _floor_lane}
 
@@ -229,7 +267,8 @@ def measure_point(plan: Plan, shape: wl.Shape, progress: Progress) -> dict:
             progress(f"{shape.live} live: building {name} [{rep + 1}/{plan.repeats}]", 0)
             gc.collect()
             sides[name] = BUILDERS[name](work, InputBatch(shape.live, width), plan.k,
-                                         max_model_len, start)
+                                         max_model_len, start,
+                                         spec=plan.spec_for(shape.history_epochs))
         shift = rep % len(plan.lanes)  # the order rotates: A B C, B C A, ...
         order = plan.lanes[shift:] + plan.lanes[:shift]
         for name in order:
@@ -329,7 +368,7 @@ def run(plan: Plan, progress: Progress = lambda what, n: None) -> dict:
                      "history_epochs": s.history_epochs, "seed": s.seed,
                      "prompt_len": s.prompt_len, "k": plan.k, "passes": plan.passes,
                      "repeats": plan.repeats, "window": plan.window, "gpu_ms": plan.gpu_ms,
-                     "lanes": list(plan.lanes),
+                     "lanes": list(plan.lanes), "spec": list(plan.overrides),
                      "budget": "tree", "method": "history+group"},
         "window": (f"a window of at most {plan.passes} decode passes, from output token "
                    f"{plan.start_of(s)} of every request on (the rollout's first passes are "

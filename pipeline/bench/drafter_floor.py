@@ -17,6 +17,7 @@ from pipeline.bench import drafter_workload as wl
 from pipeline.bench.drafter import Side
 from pipeline.bench.drafter_sim import InputBatch, Lane
 from pipeline.bench.process_memory import measured_build
+from pipeline.drafting.build import drafter_config
 from pipeline.drafting.inputs import DrafterConfig
 from pipeline.drafting.prompt_state import HistoryEntry, PromptState
 from pipeline.drafting.suffix_tree import SuffixTree, match_needed
@@ -48,9 +49,10 @@ def floor_proposer(trees: list[SuffixTree], work: wl.Workload, batch: InputBatch
 
 
 def build_floor(work: wl.Workload, batch: InputBatch, k: int, max_model_len: int,
-                start: int) -> Side:
-    """The floor lane on `work` (`pipeline.bench.drafter`'s builders' signature)."""
-    cfg = DrafterConfig.for_method("history+group")
+                start: int, spec=None) -> Side:
+    """The floor lane on `work` (`pipeline.bench.drafter`'s builders' signature), its
+    queries with the drafter's settings (`spec`, a SpecConfig; None: the defaults)."""
+    cfg = DrafterConfig.for_method("history+group") if spec is None else drafter_config(spec)
     trees, build_s, growth = measured_build(lambda: floor_trees(work, cfg))
     lane = Lane("floor", work, batch, floor_proposer(trees, work, batch, k, cfg), start)
     return Side(lane, build_s, growth, trees.clear)

@@ -51,7 +51,6 @@ def _model_dir(root: Path) -> Path:
 
 
 def soak(plan: Plan, steps: int, progress: Progress) -> dict:
-    from pipeline.config.schema import SpecConfig
     from pipeline.history import index
     from pipeline.history.store import HistoryStore
     from pipeline.rollout.speculation import Drafting
@@ -74,8 +73,7 @@ def soak(plan: Plan, steps: int, progress: Progress) -> dict:
                 responses = [[ids for epoch, ids in h if epoch == e] for h in work.history]
                 store.append(e * steps + s, _records(work.prompts, responses, e, e * steps + s))
         index.build(run_dir, model, epochs)
-        spec = SpecConfig(method="history+group", num_speculative_tokens=plan.k,
-                          history_epochs=epochs)
+        spec = plan.spec_for(epochs)
         runner = simulated_runner(spec, None, max_model_len)  # each step gets its batch
         drafting = Drafting(runner, spec)
         drafting.use_run(run_dir)

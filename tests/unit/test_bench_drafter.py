@@ -87,6 +87,9 @@ def test_a_small_shape_runs_and_reports_both_proposers(capsys, tmp_path):
     (["--live", "30", "--group", "16"], "multiple of --group 16"),
     (["--live", "512", "--mean-len", "40000"], "--mean-len 40000"),
     (["--live", "five"], "--live 'five'"),
+    (["spec.method=suffix"], "spec.method=suffix: give spec.KEY=VALUE"),
+    (["model.path=x"], "model.path=x: give spec.KEY=VALUE"),
+    (["spec.chain_drafts=maybe"], "spec.chain_drafts"),
 ])
 def test_bad_shapes_are_refused_in_one_line(capsys, tmp_path, args, words):
     code, _, err = run_cli(capsys, "bench", "drafter", *args, "--out", str(tmp_path / "o"))
@@ -106,6 +109,28 @@ def test_the_floor_lane_reports_one_bare_query_per_row(capsys, tmp_path):
     assert floor["passes"] == 6 and floor["per_pass_ms"]["median"] > 0
     # history alone drafts for this rhyming workload, never more than k tokens a row
     assert 0 < floor["drafted_per_pass"] <= 8 * 16 and floor["tau"] > 1.0
+
+
+def test_spec_settings_reach_the_drafter_and_the_floor_lane(capsys, tmp_path):
+    """spec.KEY=VALUE arguments are the drafter's settings, as in a config: with
+    max_draft_rows=1 a pass of 16 running requests drafts nothing, and a spec factor of 0.1
+    (a match of m tokens drafts at most m / 10) shortens the floor lane's bare queries."""
+    args = ["bench", "drafter", "--live", "16", "--group", "4", "--mean-len", "128", "--vocab",
+            "3000", "--passes", "6", "--repeats", "1", "--window", "3", "--gpu-ms", "0",
+            "--floor", "--json"]
+    code, out, err = run_cli(capsys, *args, "--out", str(tmp_path / "a"))
+    assert code == 0, err
+    default = json.loads(out)
+    assert default["workload"]["spec"] == [] and default["ours"]["drafted_per_pass"] > 0
+    code, out, err = run_cli(capsys, *args, "--out", str(tmp_path / "b"),
+                             "spec.max_draft_rows=1", "spec.max_spec_factor=0.1")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["workload"]["spec"] == ["spec.max_draft_rows=1", "spec.max_spec_factor=0.1"]
+    assert report["ours"]["drafted_per_pass"] == 0 and report["ours"]["tau"] == 1.0
+    assert report["suffix"]["drafted_per_pass"] > 0  # vLLM's proposer keeps its defaults
+    assert report["floor"]["drafted_per_pass"] < default["floor"]["drafted_per_pass"]
+    assert report["floor"]["drafted_per_pass"] <= 2 * 16
 
 
 def test_a_small_soak_runs_every_step_from_history_on_disk(capsys, tmp_path):
