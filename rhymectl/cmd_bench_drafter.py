@@ -83,7 +83,7 @@ def drafter(
         None, help="spec.KEY=VALUE settings of rhymectl's drafter (history+group) and the "
                    "floor lane's queries, as in a config, e.g. spec.chain_drafts=false"),
 ) -> None:
-    from pipeline.bench.drafter import make_plan
+    from pipeline.bench.drafter_plan import make_plan
 
     plan = make_plan(_live(live), group, mean_len, vocab, rhyme, history_epochs, seed, passes,
                      repeats, k, start, window, gpu_ms, inline, floor, overrides or [])

@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 from pipeline.bench import drafter_workload as wl
-from pipeline.bench.drafter import Plan, Progress
+from pipeline.bench.drafter import Progress
+from pipeline.bench.drafter_plan import Plan
 from pipeline.bench.process_memory import release_free_heap, rss_bytes
 from pipeline.bench.drafter_sim import InputBatch, Lane, simulated_runner
 
