@@ -260,7 +260,8 @@ def run(plan: Plan, progress: Progress = lambda what, n: None) -> dict:
                      "prompt_len": s.prompt_len, "k": plan.k, "passes": plan.passes,
                      "repeats": plan.repeats, "window": plan.window, "gpu_ms": plan.gpu_ms,
                      "lanes": list(plan.lanes), "spec": list(plan.overrides),
-                     "budget": "tree", "method": "history+group"},
+                     "budget": plan.spec_for(s.history_epochs).budget,
+                     "method": "history+group"},
         "window": (f"a window of at most {plan.passes} decode passes, from output token "
                    f"{plan.start_of(s)} of every request on (the rollout's first passes are "
                    f"not simulated)"),

@@ -123,10 +123,13 @@ def test_spec_settings_reach_the_drafter_and_the_floor_lane(capsys, tmp_path):
     default = json.loads(out)
     assert default["workload"]["spec"] == [] and default["ours"]["drafted_per_pass"] > 0
     code, out, err = run_cli(capsys, *args, "--out", str(tmp_path / "b"),
-                             "spec.max_draft_rows=1", "spec.max_spec_factor=0.1")
+                             "spec.max_draft_rows=1", "spec.max_spec_factor=0.1",
+                             "spec.budget=throughput")
     assert code == 0, err
     report = json.loads(out)
-    assert report["workload"]["spec"] == ["spec.max_draft_rows=1", "spec.max_spec_factor=0.1"]
+    assert report["workload"]["spec"] == ["spec.max_draft_rows=1", "spec.max_spec_factor=0.1",
+                                          "spec.budget=throughput"]
+    assert (default["workload"]["budget"], report["workload"]["budget"]) == ("tree", "throughput")
     assert report["ours"]["drafted_per_pass"] == 0 and report["ours"]["tau"] == 1.0
     assert report["suffix"]["drafted_per_pass"] > 0  # vLLM's proposer keeps its defaults
     assert report["floor"]["drafted_per_pass"] < default["floor"]["drafted_per_pass"]
