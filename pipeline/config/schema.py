@@ -149,6 +149,12 @@ class SpecConfig:
     # continued from the tree (chain_drafts; in a fuller pass only those of the requests
     # predicted to end last and of requests whose last draft was accepted whole)
     chain_drafts: bool = True
+    # rhymectl's drafters: the global tree (every prompt's history) is also asked where
+    # the prompt's own trees' best draft is expected to yield fewer accepted tokens than
+    # this (its score), and the better-scoring draft is kept. null: the method's default,
+    # 1.0 (pipeline.drafting.inputs.GLOBAL_BELOW), and 0 beside a draft model, where the
+    # model drafts instead (0: only where the prompt's trees offer nothing)
+    global_below: Optional[float] = non_negative(None)
     # rhymectl's drafters with siblings: each request's own tree (its prompt and output
     # alone, as vLLM's suffix method keeps) beside its prompt's, where a phrase the request
     # keeps repeating is one sequence among its siblings' and history's. thin: fed and

@@ -28,7 +28,9 @@ def drafter_config(spec: SpecConfig) -> DrafterConfig:
                                     reward_weighted=spec.reward_weighted,
                                     max_cached_prompts=spec.max_cached_prompts,
                                     chain=spec.chain_drafts, own_tree=spec.own_tree,
-                                    thin_pass_tokens=spec.thin_pass_tokens)
+                                    thin_pass_tokens=spec.thin_pass_tokens,
+                                    **({} if spec.global_below is None
+                                       else {"global_below": spec.global_below}))
 
 
 def make_budget(spec: SpecConfig) -> Budget:

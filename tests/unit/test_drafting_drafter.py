@@ -306,6 +306,21 @@ def test_with_a_draft_model_the_global_tree_is_a_fallback_only():
     assert DrafterConfig.for_method("history+group+model", global_below=2.0).global_below == 2.0
 
 
+def test_spec_global_below_sets_the_threshold_and_null_keeps_the_methods():
+    from pipeline.config import load_config
+    from pipeline.config.load import ConfigError
+    from pipeline.drafting.build import drafter_config
+
+    for method, value, want in (("history+group", None, GLOBAL_BELOW),
+                                ("history+group+model", None, 0.0),
+                                ("history+group", "2.5", 2.5),
+                                ("history+group+model", "1", 1.0)):
+        overrides = [f"spec.method={method}"] + ([f"spec.global_below={value}"] if value else [])
+        assert drafter_config(load_config(None, overrides).spec).global_below == want
+    with pytest.raises(ConfigError, match="spec.global_below"):
+        load_config(None, ["spec.global_below=-1"])
+
+
 def test_global_history_is_fifo_capped():
     d = drafter(use_siblings=False, max_global_responses=2)
     for k, prompt in enumerate([Q, R, [60, 61]]):
