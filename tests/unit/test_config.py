@@ -180,6 +180,7 @@ RULES = {
     "spec.thin_pass_tokens": ("-1", "-1", NON_NEGATIVE),
     "spec.thin_draft_tokens": ("-1", "-1", NON_NEGATIVE),
     "spec.max_draft_rows": ("0", "0", POSITIVE),
+    "spec.global_below": ("-1", "-1.0", NON_NEGATIVE),
     "sched.chunk_tokens": ("0", "0", POSITIVE),
     "sched.tier2_workers_frac": ("1.0", "1.0", "a number in [0, 1)"),
     "sched.tier2_max_seqs": ("0", "0", POSITIVE),
