@@ -9,7 +9,9 @@ oracle). A model of the policy drafts those. This module is that model as pure t
   tokenizer, its width the policy's so that the token embedding and LM head can be the
   policy's own (EAGLE's initialisation); `shape_for` sizes its MLP so that the draft's own
   parameters (everything but the embedding and LM head it takes from the policy) stay
-  within a fraction of the policy's.
+  within a fraction of the policy's (both in `pipeline.draft_shape`, arithmetic the
+  memory plan shares).
+- `KVCache`: one layer's keys and values for a batch, appended in place.
 - `DraftModel`: the network. Its parameter names and maths are Hugging Face Llama's
   (`model.embed_tokens`, `model.layers.N.self_attn.q_proj`, ..., `model.norm`,
   `lm_head`), so `hf_config()` plus `state_dict()` are a `LlamaForCausalLM` directory,
@@ -17,100 +19,20 @@ oracle). A model of the policy drafts those. This module is that model as pure t
   Hugging Face config and state dict.
 
 Drafting with it: `pipeline.drafting.draft_propose`; training it online and its state:
-`pipeline.drafting.draft_train`. The model runs on the host CPU in float32 unless moved;
-nothing here knows vLLM.
+`pipeline.drafting.draft_train`. The model runs in float32 where its weights are (the
+host CPU unless moved: `spec.draft_device`); nothing here knows vLLM.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from typing import Mapping
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-
-# -- shape --------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class DraftShape:
-    """A Llama-shaped draft: `layers` decoder layers of the policy's width."""
-
-    vocab_size: int
-    hidden_size: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    max_positions: int
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    tie_embeddings: bool = True
-
-    def layer_parameters(self) -> int:
-        """Parameters of one decoder layer (attention, MLP, its two norms)."""
-        h, d = self.hidden_size, self.head_dim
-        attention = h * self.heads * d * 2 + h * self.kv_heads * d * 2
-        return attention + 3 * h * self.intermediate_size + 2 * h
-
-    def own_parameters(self) -> int:
-        """Parameters besides the token embedding and LM head (those are the policy's)."""
-        return self.layers * self.layer_parameters() + self.hidden_size
-
-    def parameters(self) -> int:
-        embed = self.vocab_size * self.hidden_size
-        return self.own_parameters() + embed * (1 if self.tie_embeddings else 2)
-
-
-def _rope_theta(config: Mapping) -> float:
-    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
-    kind = params.get("rope_type", params.get("type", "default"))
-    if kind not in ("default", None):
-        raise ValueError(f"rope type {kind!r} is not supported by the draft model "
-                         "(only the default rotary embedding)")
-    return float(theta)
-
-
-def policy_parameters(config: Mapping) -> int:
-    """Parameters of a Llama/Qwen2-shaped policy from its Hugging Face config (biases
-    ignored: a rounding error at these sizes)."""
-    h = int(config["hidden_size"])
-    heads = int(config["num_attention_heads"])
-    kv = int(config.get("num_key_value_heads") or heads)
-    d = int(config.get("head_dim") or h // heads)
-    layer = h * heads * d * 2 + h * kv * d * 2 + 3 * h * int(config["intermediate_size"]) + 2 * h
-    embed = int(config["vocab_size"]) * h
-    tied = bool(config.get("tie_word_embeddings", False))
-    return int(config["num_hidden_layers"]) * layer + h + embed * (1 if tied else 2)
-
-
-def shape_for(config: Mapping, *, layers: int = 1, max_fraction: float = 0.10,
-              multiple: int = 32) -> DraftShape:
-    """The draft for a policy (its Hugging Face config as a dict): `layers` decoder layers
-    with the policy's width, heads and vocabulary, and the widest MLP (a multiple of
-    `multiple`, at most the policy's) that keeps the draft's own parameters within
-    `max_fraction` of the policy's. Raises ValueError when even an MLP of `multiple`
-    does not fit."""
-    h = int(config["hidden_size"])
-    heads = int(config["num_attention_heads"])
-    base = DraftShape(
-        vocab_size=int(config["vocab_size"]), hidden_size=h, layers=int(layers), heads=heads,
-        kv_heads=int(config.get("num_key_value_heads") or heads),
-        head_dim=int(config.get("head_dim") or h // heads), intermediate_size=0,
-        max_positions=int(config.get("max_position_embeddings", 2048)),
-        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)), rope_theta=_rope_theta(config),
-        tie_embeddings=bool(config.get("tie_word_embeddings", False)))
-    room = max_fraction * policy_parameters(config) - base.own_parameters()
-    width = int(room // (3 * h * layers)) // multiple * multiple
-    width = min(width, int(config["intermediate_size"]))
-    if width < multiple:
-        raise ValueError(f"a {layers}-layer draft of width {h} does not fit in "
-                         f"{max_fraction:.0%} of the policy's parameters; allow a larger "
-                         "fraction or fewer layers")
-    return DraftShape(**{**asdict(base), "intermediate_size": width})
+# the shape is arithmetic on a config, which the memory plan (a lower layer) needs too
+from pipeline.draft_shape import DraftShape, policy_parameters, shape_for
 
 
 # -- the network --------------------------------------------------------------------------
@@ -131,6 +53,43 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+class KVCache:
+    """One decoder layer's keys and values for a batch of rows: buffers [rows, kv_heads,
+    capacity, head_dim] holding `length` key slots. A forward writes its keys and values
+    in place after them (`append`), so the k one-token steps of a draft copy nothing
+    already cached (appending by concatenation would copy every row's whole context at
+    every step: at 512 requests of thousands of tokens, gigabytes a pass)."""
+
+    __slots__ = ("k", "v", "length")
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, length: int = 0):
+        self.k, self.v, self.length = k, v, int(length)
+
+    @classmethod
+    def empty(cls, shape: "DraftShape", rows: int, capacity: int,
+              device: torch.device | str | None = None,
+              dtype: torch.dtype = torch.float32) -> "KVCache":
+        size = (rows, shape.kv_heads, capacity, shape.head_dim)
+        return cls(torch.zeros(size, device=device, dtype=dtype),
+                   torch.zeros(size, device=device, dtype=dtype))
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Writes k, v [rows, kv_heads, t, head_dim] after the cached slots; returns every
+        slot's keys and values so far (views)."""
+        n, t = self.length, k.shape[2]
+        if n + t > self.capacity:
+            raise ValueError(f"a KV cache of {self.capacity} slots cannot take {t} more "
+                             f"after {n}")
+        self.k[:, :, n:n + t] = k
+        self.v[:, :, n:n + t] = v
+        self.length = n + t
+        return self.k[:, :, :n + t], self.v[:, :, :n + t]
+
+
 class _Attention(nn.Module):
     def __init__(self, s: DraftShape):
         super().__init__()
@@ -149,14 +108,10 @@ class _Attention(nn.Module):
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         if cache is not None:
-            if cache:
-                k = torch.cat((cache[0], k), dim=2)
-                v = torch.cat((cache[1], v), dim=2)
-            cache[:] = [k, v]
-        if s.kv_heads != s.heads:
-            k = k.repeat_interleave(s.heads // s.kv_heads, dim=1)
-            v = v.repeat_interleave(s.heads // s.kv_heads, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            k, v = cache.append(k, v)
+        # grouped-query attention without a copy of the keys for every head
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                             enable_gqa=s.kv_heads != s.heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, s.heads * s.head_dim))
 
 
@@ -226,9 +181,21 @@ class DraftModel(nn.Module):
         if ids is None:
             self.draft_ids, self._draft_head = None, None
             return
-        self.draft_ids = ids.to(torch.long)
+        self.draft_ids = ids.to(device=self.device, dtype=torch.long)
         with torch.no_grad():
             self._draft_head = self._head().detach()[self.draft_ids].clone()
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights are (and every tensor a draft or an update makes)."""
+        return self.inv_freq.device
+
+    def new_caches(self, rows: int, capacity: int) -> list[KVCache]:
+        """Empty KV caches, one per layer, for `rows` rows of up to `capacity` key slots,
+        on the model's device and in its dtype."""
+        dtype = self.model.norm.weight.dtype
+        return [KVCache.empty(self.shape, rows, capacity, self.device, dtype)
+                for _ in self.model.layers]
 
     def _rope(self, positions: torch.Tensor):
         freqs = positions.float()[..., None] * self.inv_freq  # [b, t, half]
@@ -236,20 +203,20 @@ class DraftModel(nn.Module):
         return emb.cos(), emb.sin()
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None, caches: list | None = None,
+                mask: torch.Tensor | None = None, caches: list[KVCache] | None = None,
                 draft_vocab: bool = False, last: bool = False) -> torch.Tensor:
         """Logits [b, t, vocab] of token ids [b, t]. positions: [b, t] (default 0..t-1);
-        mask: a boolean [b, 1, t, keys] attention mask (default causal); caches: one list
-        per layer, filled with its keys and values and extended on later calls;
+        mask: a boolean [b, 1, t, keys] attention mask (default causal); caches: one
+        `KVCache` per layer, which this call's keys and values are appended to;
         draft_vocab: logits over `draft_ids` only (column i is token draft_ids[i]), where
         a draft vocabulary is set; last: the last position's logits only ([b, 1, vocab]:
         a draft needs no others, and over a real vocabulary the LM head of a prefill's
         every position costs more than the rest of the draft)."""
         b, t = ids.shape
         if positions is None:
-            positions = torch.arange(t).expand(b, t)
+            positions = torch.arange(t, device=ids.device).expand(b, t)
         if mask is None and caches is None:
-            mask = torch.ones(t, t, dtype=torch.bool).tril()
+            mask = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()
         cos, sin = self._rope(positions)
         x = self.model.embed_tokens(ids)
         for i, layer in enumerate(self.model.layers):
@@ -263,8 +230,8 @@ class DraftModel(nn.Module):
     def hidden(self, ids: torch.Tensor) -> torch.Tensor:
         """The final-norm hidden states [b, t, hidden] of right-padded ids (causal)."""
         b, t = ids.shape
-        cos, sin = self._rope(torch.arange(t).expand(b, t))
-        mask = torch.ones(t, t, dtype=torch.bool).tril()
+        cos, sin = self._rope(torch.arange(t, device=ids.device).expand(b, t))
+        mask = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()
         x = self.model.embed_tokens(ids)
         for layer in self.model.layers:
             x = layer(x, cos, sin, mask, None)
@@ -329,4 +296,4 @@ def from_policy(config: Mapping, state: Mapping[str, torch.Tensor],
     return model
 
 
-__all__ = ["DraftModel", "DraftShape", "from_policy", "policy_parameters", "shape_for"]
+__all__ = ["DraftModel", "DraftShape", "KVCache", "from_policy", "policy_parameters", "shape_for"]

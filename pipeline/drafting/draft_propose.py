@@ -16,11 +16,13 @@ way.
 
 from __future__ import annotations
 
-from typing import Hashable, Sequence
+from typing import Callable, Hashable, Sequence
 
 import torch
 
-from pipeline.drafting.draft_model import DraftModel
+from pipeline.drafting.draft_model import DraftModel, KVCache
+
+PREFILL_TOKENS = 16384  # new tokens one forward of a draft's batch runs at most (`_prefill`)
 
 # -- drafting -----------------------------------------------------------------------------
 @torch.inference_mode()
@@ -30,44 +32,75 @@ def propose(model: DraftModel, contexts: Sequence[Sequence[int]], k: int,
     batched loop (one prefill of the left-padded contexts, then k - 1 one-token steps on a
     KV cache), and the model's probability of each drafted token at `temperature` (its
     estimate of the one-hot acceptance of that token where the model matches the
-    policy). A context longer than the model's positions allow keeps its last tokens."""
+    policy). A context longer than the model's positions allow keeps its last tokens.
+    Runs where the model's weights are (`DraftModel.device`)."""
     if k <= 0 or not contexts:
         return [[] for _ in contexts], [[] for _ in contexts]
     keep = max(1, model.shape.max_positions - k)
     ctx = [list(c)[-keep:] for c in contexts]
     if any(not c for c in ctx):
         raise ValueError("every context needs at least one token")
+    dev = model.device
     b, width = len(ctx), max(map(len, ctx))
-    ids = torch.zeros(b, width, dtype=torch.long)
-    valid = torch.zeros(b, width, dtype=torch.bool)
-    for j, c in enumerate(ctx):  # left padding: every row's next token is at `width`
-        ids[j, width - len(c):] = torch.tensor(c, dtype=torch.long)
-        valid[j, width - len(c):] = True
+    # left padding: every row's next token is at `width`
+    ids = torch.tensor([[0] * (width - len(c)) + c for c in ctx], dtype=torch.long, device=dev)
+    lengths = torch.tensor([len(c) for c in ctx], dtype=torch.long, device=dev)
+    valid = torch.arange(width, device=dev)[None] >= (width - lengths)[:, None]
     positions = (valid.long().cumsum(1) - 1).clamp(min=0)
-    causal = torch.ones(width, width, dtype=torch.bool).tril()
-    mask = (causal[None] & valid[:, None, :])[:, None]  # [b, 1, t, keys]
     # a padded query row attends to nothing real; let it see itself so softmax stays finite
-    mask = mask | torch.eye(width, dtype=torch.bool)[None, None]
-    caches: list = [[] for _ in model.model.layers]
-    logits = model(ids, positions, mask, caches, draft_vocab=True, last=True)[:, -1]
+    causal = torch.ones(width, width, dtype=torch.bool, device=dev).tril()
+    itself = torch.eye(width, dtype=torch.bool, device=dev)[None, None]
+
+    def mask(rows: slice) -> torch.Tensor:  # [rows, 1, t, keys]
+        return (causal[None] & valid[rows, None, :])[:, None] | itself
+
+    caches = model.new_caches(b, width + k)
+    logits = _prefill(model, ids, positions, mask, caches)
     toks, probs, _ = _greedy_steps(model, logits, positions[:, -1] + 1, valid, caches, k,
                                    temperature)
     return toks, probs
 
 
+def _prefill(model: DraftModel, ids: torch.Tensor, positions: torch.Tensor,
+             mask: Callable[[slice], torch.Tensor], caches: list[KVCache]) -> torch.Tensor:
+    """The model over each row's new tokens [b, t] (positions [b, t], mask(rows): those
+    rows' attention mask [rows, 1, t, keys]), their keys and values written into `caches`
+    after what they hold: the last position's logits [b, vocab]. Rows go through
+    PREFILL_TOKENS tokens at a time, each slice's mask made for it: 512 requests' first
+    thousands of tokens in one forward would hold tens of GB of activations and masks.
+    Rows are independent: the same logits, to float rounding."""
+    b, t = ids.shape
+    rows = max(1, PREFILL_TOKENS // t)
+    if rows >= b:
+        return model(ids, positions, mask(slice(None)), caches, draft_vocab=True,
+                     last=True)[:, -1]
+    held = caches[0].length
+    out = []
+    for r in range(0, b, rows):
+        part = [KVCache(c.k[r:r + rows], c.v[r:r + rows], held) for c in caches]
+        at = slice(r, r + rows)
+        out.append(model(ids[at], positions[at], mask(at), part, draft_vocab=True,
+                         last=True)[:, -1])
+    for c in caches:
+        c.length = held + t
+    return torch.cat(out)
+
+
 def _greedy_steps(model: DraftModel, logits: torch.Tensor, nxt_pos: torch.Tensor,
-                  keys_valid: torch.Tensor, caches: list, k: int, temperature: float,
+                  keys_valid: torch.Tensor, caches: list[KVCache], k: int, temperature: float,
                   stop_below: float = 0.0):
     """Up to k greedy tokens per row from the prefill's last logits, one one-token step
-    on the KV cache after each but the last: (tokens, each token's probability at
-    `temperature`, the key slots' validity after the steps). Every row gets as many
-    tokens; fewer than k once every row's path probability (the product of its tokens'
-    probabilities) is below `stop_below`, where no row's draft would be kept further."""
-    b = logits.shape[0]
+    on the KV caches (room for k - 1 more slots) after each but the last: (tokens, each
+    token's probability at `temperature`, the key slots' validity after the steps). Every
+    row gets as many tokens; fewer than k once every row's path probability (the product
+    of its tokens' probabilities) is below `stop_below`, where no row's draft would be
+    kept further."""
+    b, dev = logits.shape[0], logits.device
     tokens, probs = [], []
     inv_t = 1.0 / max(float(temperature), 1e-6)
     vocab = model.draft_ids  # logits' column i is token vocab[i] (None: token i)
-    path = torch.ones(b)
+    path = torch.ones(b, device=dev)
+    new_slot = torch.ones(b, 1, dtype=torch.bool, device=dev)
     for step in range(k):
         prob = torch.softmax(logits.float() * inv_t, dim=-1)
         col = logits.argmax(-1)
@@ -77,7 +110,7 @@ def _greedy_steps(model: DraftModel, logits: torch.Tensor, nxt_pos: torch.Tensor
         path = path * probs[-1]
         if step == k - 1 or bool((path < stop_below).all()):
             break
-        keys_valid = torch.cat((keys_valid, torch.ones(b, 1, dtype=torch.bool)), dim=1)
+        keys_valid = torch.cat((keys_valid, new_slot), dim=1)
         logits = model(tok[:, None], nxt_pos[:, None], keys_valid[:, None, None], caches,
                        draft_vocab=True, last=True)[:, -1]
         nxt_pos = nxt_pos + 1
@@ -103,12 +136,23 @@ class DraftCache:
         self._rows.clear()
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens a and b share. Slices are compared whole (at C speed),
+    halving the span where they differ: a request's context of thousands of tokens agrees
+    with what its keys were computed for up to its last few tokens, and a token-by-token
+    loop over it for every request and pass cost the host tenths of a second a pass."""
+    lo, hi = 0, min(len(a), len(b))  # a[:lo] == b[:lo]; they differ before hi, or hi is the end
+    if a[:hi] == b[:hi]:
+        return hi
+    while hi - lo > 16:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    while lo < hi and a[lo] == b[lo]:
+        lo += 1
+    return lo
 
 
 @torch.inference_mode()
@@ -124,10 +168,11 @@ def propose_cached(model: DraftModel, cache: DraftCache, req_ids: Sequence[Hasha
     if k <= 0 or not contexts:
         return [[] for _ in contexts], [[] for _ in contexts]
     keep = max(1, model.shape.max_positions - k)
-    layers = len(model.model.layers)
     past_len, pasts, news, ctxs = [], [], [], []
     for req, c in zip(req_ids, contexts):
-        c = [int(t) for t in c]
+        # (a list as it is: converting thousands of tokens per request and pass one by one
+        # cost the host more than the draft's forward at hundreds of requests)
+        c = c if type(c) is list else [int(t) for t in c]
         if not c:
             raise ValueError("every context needs at least one token")
         if len(c) > keep:
@@ -142,39 +187,41 @@ def propose_cached(model: DraftModel, cache: DraftCache, req_ids: Sequence[Hasha
         ctxs.append(c)
     b = len(ctxs)
     P, N = max(past_len), max(map(len, news))
-    s = model.shape
-    # key slots: [left pad | past] [left pad | new], positions explicit for RoPE
-    ids = torch.zeros(b, N, dtype=torch.long)
-    qpos = torch.zeros(b, N, dtype=torch.long)
-    kpos = torch.full((b, P + N), -1, dtype=torch.long)
-    for j, (p, new) in enumerate(zip(past_len, news)):
-        n = len(new)
-        ids[j, N - n:] = torch.tensor(new, dtype=torch.long)
-        qpos[j, N - n:] = torch.arange(p, p + n)
-        kpos[j, P - p:P] = torch.arange(p)
-        kpos[j, P + N - n:] = torch.arange(p, p + n)
+    dev = model.device
+    # key slots: [left pad | past] [left pad | new], positions explicit for RoPE (-1: a pad)
+    ids = torch.tensor([[0] * (N - len(new)) + new for new in news], dtype=torch.long,
+                       device=dev)
+    had = torch.tensor(past_len, dtype=torch.long, device=dev)[:, None]
+    gained = torch.tensor([len(new) for new in news], dtype=torch.long, device=dev)[:, None]
+    past_pos = torch.arange(P, device=dev)[None] - (P - had)
+    new_slot = torch.arange(N, device=dev)[None] - (N - gained)  # its index among the new
+    new_pos = torch.where(new_slot >= 0, new_slot + had, -1)
+    kpos = torch.cat((past_pos.clamp(min=-1), new_pos), dim=1)
+    qpos = new_pos.clamp(min=0)
     valid = kpos >= 0
-    mask = valid[:, None, :] & (kpos[:, None, :] <= qpos[:, :, None])
-    # a padded query slot attends to itself only, so that its softmax stays finite
-    mask[:, :, P:] |= torch.eye(N, dtype=torch.bool)[None]
-    caches: list = [[] for _ in range(layers)]
-    if P:
-        for i in range(layers):
-            kk = torch.zeros(b, s.kv_heads, P, s.head_dim)
-            vv = torch.zeros(b, s.kv_heads, P, s.head_dim)
-            for j, (p, past) in enumerate(zip(past_len, pasts)):
-                if p:
-                    kk[j, :, P - p:] = past[i][0]
-                    vv[j, :, P - p:] = past[i][1]
-            caches[i] = [kk, vv]
-    logits = model(ids, qpos, mask[:, None], caches, draft_vocab=True, last=True)[:, -1]
+    itself = torch.zeros(N, P + N, dtype=torch.bool, device=dev)
+    itself[:, P:] = torch.eye(N, dtype=torch.bool, device=dev)
+
+    def mask(rows: slice) -> torch.Tensor:  # [rows, 1, N, keys]
+        # a padded query slot attends to itself only, so that its softmax stays finite
+        return ((valid[rows, None, :] & (kpos[rows, None, :] <= qpos[rows, :, None]))
+                | itself)[:, None]
+
+    # the past written once into buffers with room for the new tokens and the draft's
+    caches = model.new_caches(b, P + N + k)
+    for i, c in enumerate(caches):
+        for j, (p, past) in enumerate(zip(past_len, pasts)):
+            if p:
+                c.k[j, :, P - p:P] = past[i][0]
+                c.v[j, :, P - p:P] = past[i][1]
+        c.length = P
+    logits = _prefill(model, ids, qpos, mask, caches)
     toks, probs, keys_valid = _greedy_steps(model, logits, qpos[:, -1] + 1, valid, caches, k,
                                             temperature, stop_below)
     for j, req in enumerate(req_ids):
         slots = torch.nonzero(keys_valid[j])[:, 0]  # past, new, then all drafted but the last
         cache._rows[req] = (ctxs[j] + toks[j][:len(toks[j]) - 1],
-                            [(c[0][j][:, slots].clone(), c[1][j][:, slots].clone())
-                             for c in caches])
+                            [(c.k[j][:, slots], c.v[j][:, slots]) for c in caches])
     return toks, probs
 
 

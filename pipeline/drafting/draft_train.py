@@ -21,7 +21,10 @@ from typing import Sequence
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
+from pipeline import draft_shape
+from pipeline.draft_shape import DRAFT_BATCH
 from pipeline.drafting.draft_model import DraftModel, DraftShape
 
 FORMAT = "rhymectl-draft-model/1"  # the safetensors metadata tag of `save_state`
@@ -31,7 +34,7 @@ def _ids(tokens) -> torch.Tensor:
     """Token ids (a sequence or tensor) as a compact 1-D int32 tensor."""
     if isinstance(tokens, torch.Tensor):
         return tokens.reshape(-1).to(torch.int32)
-    return torch.tensor([int(t) for t in tokens], dtype=torch.int32)
+    return torch.tensor([int(t) for t in tokens], dtype=torch.int32, device="cpu")
 
 
 # -- online training ----------------------------------------------------------------------
@@ -57,7 +60,7 @@ class TrainSettings:
     has trained on so far (0, or a vocabulary no larger: every token)."""
 
     updates: int = 20
-    batch: int = 32
+    batch: int = DRAFT_BATCH
     window: int = 3
     lr: float = 3e-4
     weight_decay: float = 0.0
@@ -67,7 +70,9 @@ class TrainSettings:
 
 
 class DraftTrainer:
-    """Trains a `DraftModel` on each step's rollouts; deterministic given the seed (CPU)."""
+    """Trains a `DraftModel` on each step's rollouts, where the model's weights are (the
+    rollouts and the batch order stay on the CPU); deterministic given the seed on a CPU
+    (a GPU's kernels need not repeat bit for bit)."""
 
     def __init__(self, model: DraftModel, settings: TrainSettings = TrainSettings(),
                  seed: int = 0):
@@ -78,7 +83,7 @@ class DraftTrainer:
         self.opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, betas=(0.9, 0.99),
                                      weight_decay=settings.weight_decay)
         # response tokens trained on so far, per token id: what the draft vocabulary keeps
-        self.counts = torch.zeros(model.shape.vocab_size, dtype=torch.long)
+        self.counts = torch.zeros(model.shape.vocab_size, dtype=torch.long, device="cpu")
         # the last `settings.window` calls' rollouts, oldest first: (prompt, response)
         # int32 tensors per rollout (compact: a GPU run's step holds millions of tokens)
         self.window: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
@@ -95,7 +100,7 @@ class DraftTrainer:
     def _count(self, rollouts: Sequence[tuple[Sequence[int], Sequence[int]]]) -> None:
         ids = [int(t) for _, r in rollouts for t in r if 0 <= int(t) < self.counts.numel()]
         if ids:
-            self.counts += torch.bincount(torch.tensor(ids, dtype=torch.long),
+            self.counts += torch.bincount(torch.tensor(ids, dtype=torch.long, device="cpu"),
                                           minlength=self.counts.numel())
 
     def _examples(self, rollouts: Sequence[tuple[Sequence[int], Sequence[int]]]):
@@ -113,19 +118,31 @@ class DraftTrainer:
     def _loss(self, batch) -> tuple[torch.Tensor, int]:
         """Weighted mean next-token cross-entropy over the response tokens of `batch`."""
         width = max(len(ids) for ids, _, _ in batch)
-        ids = torch.zeros(len(batch), width, dtype=torch.long)
-        weight = torch.zeros(len(batch), width - 1)
+        ids = torch.zeros(len(batch), width, dtype=torch.long, device="cpu")
+        weight = torch.zeros(len(batch), width - 1, device="cpu")
         for j, (seq, start, w) in enumerate(batch):
             ids[j, :len(seq)] = seq
             weight[j, start - 1:len(seq) - 1] = w  # positions that predict response tokens
         # right padding: the causal mask suffices; the LM head (the vocabulary-wide matmul,
         # most of the cost for a real vocabulary) only where a response token is predicted
+        ids, weight = ids.to(self.model.device), weight.to(self.model.device)
         hidden = self.model.hidden(ids[:, :-1])
         where = weight > 0
-        logits = self.model.logits(hidden[where])
-        ce = F.cross_entropy(logits, ids[:, 1:][where], reduction="none")
-        w = weight[where]
-        return (ce * w).sum() / w.sum().clamp(min=1e-9), int(where.sum())
+        h, targets, w = hidden[where], ids[:, 1:][where], weight[where]
+        chunk = max(1, draft_shape.LOSS_CHUNK_BYTES // (4 * self.model.shape.vocab_size))
+        if len(h) <= chunk:
+            total = self._weighted_ce(h, targets, w)
+        else:  # each chunk's logits recomputed in the backward pass, never all kept
+            total = sum(checkpoint(self._weighted_ce, h[i:i + chunk], targets[i:i + chunk],
+                                   w[i:i + chunk], use_reentrant=False)
+                        for i in range(0, len(h), chunk))
+        return total / w.sum().clamp(min=1e-9), int(where.sum())
+
+    def _weighted_ce(self, hidden: torch.Tensor, targets: torch.Tensor,
+                     weight: torch.Tensor) -> torch.Tensor:
+        """Sum of the weighted next-token cross-entropies of final-norm hidden states."""
+        ce = F.cross_entropy(self.model.logits(hidden), targets, reduction="none")
+        return (ce * weight).sum()
 
     def loss(self, rollouts: Sequence[tuple[Sequence[int], Sequence[int]]]) -> float:
         """The weighted loss on `rollouts` (no update)."""
@@ -154,14 +171,14 @@ class DraftTrainer:
             self.model.use_draft_vocab(self.draft_vocab())
             return TrainReport(float("nan"), float("nan"), 0, 0, 0.0)
         before = self.loss(rollouts)
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.calls)
+        gen = torch.Generator(device="cpu").manual_seed(self.seed * 1_000_003 + self.calls)
         s = self.settings
         order: list[int] = []
         tokens = 0
         self.model.train()
         for _ in range(s.updates):
             if len(order) < min(s.batch, len(examples)):
-                order += torch.randperm(len(examples), generator=gen).tolist()
+                order += torch.randperm(len(examples), generator=gen, device="cpu").tolist()
             picked, order = order[:s.batch], order[s.batch:]
             value, n = self._loss([examples[i] for i in picked])
             self.opt.zero_grad(set_to_none=True)
@@ -182,14 +199,15 @@ def save_state(trainer: DraftTrainer, path: str | Path) -> None:
     file at `path` (written in place: the caller's checkpoint writes atomically)."""
     from safetensors.torch import save_file
 
-    tensors: dict[str, torch.Tensor] = {f"weight.{n}": p.detach().contiguous()
+    tensors: dict[str, torch.Tensor] = {f"weight.{n}": p.detach().cpu().contiguous()
                                         for n, p in trainer.model.named_parameters()}
     names = {id(p): n for n, p in trainer.model.named_parameters()}
     for p, st in trainer.opt.state.items():
         n = names[id(p)]
-        tensors[f"adam.{n}.exp_avg"] = st["exp_avg"].contiguous()
-        tensors[f"adam.{n}.exp_avg_sq"] = st["exp_avg_sq"].contiguous()
-        tensors[f"adam.{n}.step"] = torch.as_tensor(st["step"], dtype=torch.float32).reshape(1)
+        tensors[f"adam.{n}.exp_avg"] = st["exp_avg"].cpu().contiguous()
+        tensors[f"adam.{n}.exp_avg_sq"] = st["exp_avg_sq"].cpu().contiguous()
+        tensors[f"adam.{n}.step"] = torch.as_tensor(st["step"], dtype=torch.float32,
+                                                    device="cpu").reshape(1)
     tensors["vocab.counts"] = trainer.counts.contiguous()
     for k, step in enumerate(trainer.window):
         for part, name in ((0, "prompts"), (1, "responses")):
@@ -213,9 +231,10 @@ def _window_step(tensors: dict, k: int) -> list[tuple[torch.Tensor, torch.Tensor
     return list(zip(*parts))
 
 
-def load_state(path: str | Path) -> DraftTrainer:
+def load_state(path: str | Path, device: torch.device | str = "cpu") -> DraftTrainer:
     """The trainer `save_state` wrote: same weights, moments and counters, so that the
-    next `train` call and every draft are those of the trainer that was saved."""
+    next `train` call and every draft are those of the trainer that was saved; its model
+    and moments on `device`."""
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as f:
@@ -223,7 +242,7 @@ def load_state(path: str | Path) -> DraftTrainer:
         if meta.get("format") != FORMAT:
             raise ValueError(f"{path} is not a draft-model state ({FORMAT})")
         tensors = {k: f.get_tensor(k) for k in f.keys()}
-    model = DraftModel(DraftShape(**json.loads(meta["shape"])))
+    model = DraftModel(DraftShape(**json.loads(meta["shape"]))).to(device)
     # a state written before windows trained on its last step alone, and goes on so
     settings = {"window": 1, **json.loads(meta["settings"])}
     trainer = DraftTrainer(model, TrainSettings(**settings), int(meta["seed"]))
@@ -236,8 +255,8 @@ def load_state(path: str | Path) -> DraftTrainer:
         if f"adam.{n}.step" in tensors:
             trainer.opt.state[p] = {
                 "step": tensors[f"adam.{n}.step"].reshape(()).clone(),
-                "exp_avg": tensors[f"adam.{n}.exp_avg"].clone(),
-                "exp_avg_sq": tensors[f"adam.{n}.exp_avg_sq"].clone()}
+                "exp_avg": tensors[f"adam.{n}.exp_avg"].to(p.device, copy=True),
+                "exp_avg_sq": tensors[f"adam.{n}.exp_avg_sq"].to(p.device, copy=True)}
     if "vocab.counts" in tensors:  # a state written before draft vocabularies: none counted
         trainer.counts = tensors["vocab.counts"].clone()
     trainer.window = [_window_step(tensors, k) for k in range(int(meta.get("window", 0)))]

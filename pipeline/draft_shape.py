@@ -1,0 +1,99 @@
+"""The shape of `history+group+model`'s draft model (`DraftShape`, `shape_for`) and the
+sizes of its online training that the memory plan counts: arithmetic on a policy's Hugging
+Face config, no torch. The network: `pipeline.drafting.draft_model`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Mapping
+
+DRAFT_BATCH = 32  # responses per AdamW update of the draft (`TrainSettings.batch`)
+# the fp32 logits one piece of the draft's loss may hold: a minibatch of 32 responses of 8k
+# tokens over a 152k vocabulary would hold 160 GB at once. Above this the loss is summed in
+# chunks of tokens whose logits the backward pass recomputes (3,530 tokens at a 152k
+# vocabulary); a minibatch within it computes as one piece (SmolLM2's 32 x 256: 1.6 GB)
+LOSS_CHUNK_BYTES = 2 << 30
+
+
+# -- shape --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DraftShape:
+    """A Llama-shaped draft: `layers` decoder layers of the policy's width."""
+
+    vocab_size: int
+    hidden_size: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    max_positions: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = True
+
+    def layer_parameters(self) -> int:
+        """Parameters of one decoder layer (attention, MLP, its two norms)."""
+        h, d = self.hidden_size, self.head_dim
+        attention = h * self.heads * d * 2 + h * self.kv_heads * d * 2
+        return attention + 3 * h * self.intermediate_size + 2 * h
+
+    def own_parameters(self) -> int:
+        """Parameters besides the token embedding and LM head (those are the policy's)."""
+        return self.layers * self.layer_parameters() + self.hidden_size
+
+    def parameters(self) -> int:
+        embed = self.vocab_size * self.hidden_size
+        return self.own_parameters() + embed * (1 if self.tie_embeddings else 2)
+
+
+def _rope_theta(config: Mapping) -> float:
+    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in ("default", None):
+        raise ValueError(f"rope type {kind!r} is not supported by the draft model "
+                         "(only the default rotary embedding)")
+    return float(theta)
+
+
+def policy_parameters(config: Mapping) -> int:
+    """Parameters of a Llama/Qwen2-shaped policy from its Hugging Face config (biases
+    ignored: a rounding error at these sizes)."""
+    h = int(config["hidden_size"])
+    heads = int(config["num_attention_heads"])
+    kv = int(config.get("num_key_value_heads") or heads)
+    d = int(config.get("head_dim") or h // heads)
+    layer = h * heads * d * 2 + h * kv * d * 2 + 3 * h * int(config["intermediate_size"]) + 2 * h
+    embed = int(config["vocab_size"]) * h
+    tied = bool(config.get("tie_word_embeddings", False))
+    return int(config["num_hidden_layers"]) * layer + h + embed * (1 if tied else 2)
+
+
+def shape_for(config: Mapping, *, layers: int = 1, max_fraction: float = 0.10,
+              multiple: int = 32) -> DraftShape:
+    """The draft for a policy (its Hugging Face config as a dict): `layers` decoder layers
+    with the policy's width, heads and vocabulary, and the widest MLP (a multiple of
+    `multiple`, at most the policy's) that keeps the draft's own parameters within
+    `max_fraction` of the policy's. Raises ValueError when even an MLP of `multiple`
+    does not fit."""
+    h = int(config["hidden_size"])
+    heads = int(config["num_attention_heads"])
+    base = DraftShape(
+        vocab_size=int(config["vocab_size"]), hidden_size=h, layers=int(layers), heads=heads,
+        kv_heads=int(config.get("num_key_value_heads") or heads),
+        head_dim=int(config.get("head_dim") or h // heads), intermediate_size=0,
+        max_positions=int(config.get("max_position_embeddings", 2048)),
+        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)), rope_theta=_rope_theta(config),
+        tie_embeddings=bool(config.get("tie_word_embeddings", False)))
+    room = max_fraction * policy_parameters(config) - base.own_parameters()
+    width = int(room // (3 * h * layers)) // multiple * multiple
+    width = min(width, int(config["intermediate_size"]))
+    if width < multiple:
+        raise ValueError(f"a {layers}-layer draft of width {h} does not fit in "
+                         f"{max_fraction:.0%} of the policy's parameters; allow a larger "
+                         "fraction or fewer layers")
+    return DraftShape(**{**asdict(base), "intermediate_size": width})
+
+
+__all__ = ["DRAFT_BATCH", "DraftShape", "LOSS_CHUNK_BYTES", "policy_parameters", "shape_for"]
