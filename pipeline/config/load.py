@@ -144,6 +144,13 @@ def cross_checks(cfg: Config) -> list[str]:
                    f"{cfg.rollout.tensor_parallel_size}: each rank of a tensor-parallel group "
                    f"would size drafts by its own measured seconds, and ranks that schedule "
                    f"different tokens hang in their collectives; use spec.pass_cost=fixed")
+    if cfg.spec.draft_device != "cpu" and method(cfg.spec.method).model \
+            and cfg.rollout.tensor_parallel_size > 1:
+        out.append(f"spec.draft_device = {cfg.spec.draft_device} with "
+                   f"rollout.tensor_parallel_size = {cfg.rollout.tensor_parallel_size}: each "
+                   f"rank of a tensor-parallel group trains its own draft model, on a GPU not "
+                   f"bit for bit alike, and ranks that draft differently hang in their "
+                   f"collectives; use spec.draft_device=cpu")
     served_by = method(cfg.spec.method).vllm_method
     if cfg.spec.min_accept and (cfg.spec.budget != "tree" or served_by is not None
                                 or cfg.spec.method == "none"):
@@ -165,7 +172,8 @@ def draft_model_problems(cfg: Config) -> list[str]:
         return []
     defaults, out = SpecConfig(), []
     with_model = [n for n, m in REGISTRY.items() if m.model]
-    for key in ("draft_layers", "draft_updates", "draft_window", "draft_lr", "draft_vocab"):
+    for key in ("draft_layers", "draft_updates", "draft_window", "draft_lr", "draft_vocab",
+                "draft_device"):
         value = getattr(cfg.spec, key)
         if value != getattr(defaults, key):
             out.append(f"spec.{key} = {value} applies to a draft model "

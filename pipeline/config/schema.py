@@ -183,6 +183,11 @@ class SpecConfig:
     draft_window: int = positive(3)
     draft_lr: float = positive(3e-4)
     draft_vocab: int = non_negative(32768)
+    # where the draft model drafts and trains: cpu (on the host, bit-reproducible), cuda,
+    # or auto (the rollout engine's device: the GPU where vLLM runs on one). On a GPU its
+    # kernels need not repeat bit for bit, so a seeded rerun may draft otherwise, and
+    # tensor-parallel ranks (which must draft alike) are refused with it
+    draft_device: Literal["cpu", "cuda", "auto"] = "cpu"
 
     def spec_factor(self) -> float:
         """max_spec_factor as `method` applies it: the number set, else the method's

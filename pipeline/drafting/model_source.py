@@ -108,10 +108,13 @@ class ModelSource:
     @classmethod
     def from_policy(cls, policy_dir: str | Path, *, layers: int, settings: TrainSettings,
                     seed: int, max_len: int, priced: bool = True,
-                    min_path_prob: float = 0.1) -> "ModelSource":
+                    min_path_prob: float = 0.1,
+                    device: torch.device | str = "cpu") -> "ModelSource":
+        """The source of a draft started from the policy in `policy_dir`, drafting and
+        training on `device`."""
         config, state = policy_state(policy_dir)
         model = from_policy(config, state, shape_for(config, layers=layers), seed=seed)
-        model.eval()
+        model.to(device).eval()
         return cls(DraftTrainer(model, settings, seed), max_len, priced, min_path_prob)
 
     # -- a rollout ----------------------------------------------------------------------
@@ -262,7 +265,7 @@ class ModelSource:
         if not path.is_file():
             return False
         try:
-            trainer = load_state(path)
+            trainer = load_state(path, self.trainer.model.device)
         except Exception as exc:  # noqa: BLE001 — safetensors' and the layout's errors
             raise ValueError(f"{path}: the draft model's state cannot be read ({exc})") from exc
         if trainer.model.shape != self.trainer.model.shape:

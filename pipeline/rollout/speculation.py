@@ -95,8 +95,27 @@ def warm_suffix_proposer(proposer, pairs) -> int:
     return added
 
 
-def draft_model_source(spec: SpecConfig, policy: PolicySource | None):
-    """The `ModelSource` of a method with a draft model (None for the others)."""
+def draft_device(setting: str, engine_device=None) -> str:
+    """Where the draft model runs (`spec.draft_device`): auto follows the rollout engine's
+    device (vLLM's model runner's `device`; the CPU where there is none), so that on a GPU
+    node the draft's forward and training run on the GPU, not on the host."""
+    if setting == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            from pipeline.errors import UsageError
+
+            raise UsageError("spec.draft_device is cuda and torch sees no CUDA device on "
+                             "this node; set it to auto (the rollout engine's device) or cpu")
+    if setting != "auto":
+        return setting
+    kind = getattr(engine_device, "type", engine_device)
+    return "cuda" if kind == "cuda" else "cpu"
+
+
+def draft_model_source(spec: SpecConfig, policy: PolicySource | None, engine_device=None):
+    """The `ModelSource` of a method with a draft model (None for the others), on the
+    device `spec.draft_device` names (auto: `engine_device`'s kind)."""
     if not method(spec.method).model:
         return None
     if policy is None:
@@ -111,7 +130,8 @@ def draft_model_source(spec: SpecConfig, policy: PolicySource | None):
         settings=TrainSettings(updates=spec.draft_updates, window=spec.draft_window,
                                lr=spec.draft_lr, draft_vocab=spec.draft_vocab),
         max_len=PassCaps.from_spec(spec).most, priced=spec.budget != "tree",
-        min_path_prob=spec.min_path_prob)
+        min_path_prob=spec.min_path_prob,
+        device=draft_device(spec.draft_device, engine_device))
     source.set_temperature(policy.temperature)
     return source
 
@@ -171,7 +191,7 @@ class Drafting:
         self.spec = spec
         self.drafter = GroupDrafter(replace(drafter_config(spec), background=background))
         self.budget = make_budget(spec)
-        self.model = draft_model_source(spec, policy)
+        self.model = draft_model_source(spec, policy, getattr(runner, "device", None))
         self.proposer = attach(runner, self.drafter, self.budget, PassCaps.from_spec(spec),
                                self.model)
         self._sources_seen: dict[str, int] = {}  # drafter.sources() at the last stats()

@@ -222,6 +222,7 @@ RULES = {
     "spec.budget": ("fast", "'fast'", "one of tree, critical, throughput"),
     "spec.pass_cost": ("measured", "'measured'", "one of fixed, online"),
     "spec.own_tree": ("some", "'some'", "one of thin, always, never"),
+    "spec.draft_device": ("gpu", "'gpu'", "one of cpu, cuda, auto"),
     "sched.policy": ("random", "'random'", "one of auto, static, histopipe, tier2, seer"),
     "train.adv_estimator": ("ppo", "'ppo'", "one of grpo, grpo_no_std"),
     "train.loss_agg_mode": ("sum", "'sum'", "one of token-mean, seq-mean-token-mean"),

@@ -425,3 +425,130 @@ def test_a_state_written_before_windows_goes_on_training_on_its_last_step_alone(
     save_file(tensors, str(path), metadata=meta)
     loaded = load_state(path)
     assert loaded.settings.window == 1 and loaded.window == []
+
+
+# -- where the draft runs ---------------------------------------------------------------------
+def test_drafting_and_training_make_every_tensor_where_the_model_is(tmp_path):
+    """`spec.draft_device`: a draft on a GPU must not build its batches, caches or updates
+    on the host. With the default device set to `meta`, any tensor made without naming a
+    device lands there and the first operation that meets the model's (CPU) tensors fails;
+    drafting, cached drafting and training give what they give without it."""
+    from pipeline.drafting.draft_propose import DraftCache, propose_cached
+
+    contexts = [[1, 9, 4, 2], [1, 3, 5, 7, 9, 11, 2, 3], [1, 6, 2]]
+
+    def run(trainer):
+        trainer.train(_corpus(2))
+        cache = DraftCache()
+        first = propose_cached(trainer.model, cache, ["a", "b", "c"], contexts, 4)
+        grown = [c + d[:1] + [5] for c, d in zip(contexts, first[0])]
+        again = propose_cached(trainer.model, cache, ["a", "b", "c"], grown, 4)
+        return propose(trainer.model, contexts, 4), first, again, trainer.loss(_corpus(3))
+
+    def started():
+        """Made and trained once outside: AdamW makes its step counters on the default
+        device when it first steps (torch's, not this code's)."""
+        trainer = _vocab_trainer(12, seed=4)
+        trainer.train(_corpus(1))
+        return trainer
+
+    want = run(started())
+    trainer = started()
+    with torch.device("meta"):
+        got = run(trainer)
+    assert got[0][0] == want[0][0] and got[1][0] == want[1][0] and got[2][0] == want[2][0]
+    assert got[3] == pytest.approx(want[3], rel=1e-6)
+    # (safetensors makes tensors of its own: the state's round trip runs outside)
+    save_state(trainer, tmp_path / "state.safetensors")
+    loaded = load_state(tmp_path / "state.safetensors", trainer.model.device)
+    assert propose(loaded.model, contexts, 4)[0] == want[0][0]
+
+
+def test_the_draft_device_follows_the_engine_unless_set():
+    from types import SimpleNamespace
+
+    from pipeline.errors import UsageError
+    from pipeline.rollout.speculation import draft_device
+
+    assert draft_device("auto", SimpleNamespace(type="cuda")) == "cuda"
+    assert draft_device("auto", torch.device("cpu")) == "cpu"
+    assert draft_device("auto", None) == "cpu"  # no engine (a bench): the CPU
+    assert draft_device("cpu", SimpleNamespace(type="cuda")) == "cpu"
+    if not torch.cuda.is_available():
+        with pytest.raises(UsageError, match="spec.draft_device is cuda"):
+            draft_device("cuda", None)
+
+
+def test_the_common_prefix_of_two_contexts_is_found_by_halving_as_token_by_token():
+    """The cache's check of how far a context still agrees with its keys' (compared in
+    slices) gives the token-by-token answer: equal, one a prefix of the other, differing
+    at the start, the end or anywhere, empty."""
+    from pipeline.drafting.draft_propose import _common_prefix
+
+    def by_token(a, b):
+        i = 0
+        while i < min(len(a), len(b)) and a[i] == b[i]:
+            i += 1
+        return i
+
+    rng = random.Random(5)
+    for _ in range(3000):
+        a = [rng.randrange(3) for _ in range(rng.randrange(0, 120))]
+        b = a[:rng.randrange(0, len(a) + 1)] + [rng.randrange(3) for _ in range(rng.randrange(0, 40))]
+        a, b = (b, a) if rng.random() < 0.5 else (a, b)
+        assert _common_prefix(a, b) == by_token(a, b), (a, b)
+    long = list(range(5000))
+    assert _common_prefix(long, long[:4000] + [-1] + long[4001:]) == 4000
+
+
+def test_a_large_minibatch_sums_its_loss_in_chunks_to_the_same_update(monkeypatch):
+    """Above LOSS_CHUNK_BYTES of logits the loss is summed in chunks recomputed in the
+    backward pass: the loss and the update are the one-piece ones (to float rounding)."""
+    from pipeline.drafting import draft_train
+
+    pieces = []
+    recompute = draft_train.checkpoint
+    monkeypatch.setattr(draft_train, "checkpoint",
+                        lambda fn, *a, **kw: pieces.append(len(a[0])) or recompute(fn, *a, **kw))
+
+    def trained(chunk_bytes):
+        monkeypatch.setattr(draft_train.draft_shape, "LOSS_CHUNK_BYTES", chunk_bytes)
+        trainer = _trainer(seed=5)
+        report = trainer.train(_corpus(4))
+        return report, [p.detach().clone() for p in trainer.model.parameters()]
+
+    whole, w_params = trained(1 << 30)
+    assert not pieces
+    chunked, c_params = trained(4 * SMALL.vocab_size * 7)  # 7 tokens a chunk
+    assert pieces and max(pieces) == 7
+    assert chunked.loss_before == pytest.approx(whole.loss_before, rel=1e-6)
+    assert chunked.loss_after == pytest.approx(whole.loss_after, rel=1e-4)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(c_params, w_params))
+
+
+def test_a_long_prefill_runs_a_few_rows_at_a_time_to_the_same_drafts(monkeypatch):
+    """Above PREFILL_TOKENS new tokens a batch's first forward goes a few rows at a time
+    (into the same caches): the drafts are the one-piece ones, and so are the next pass's
+    from the cache."""
+    from pipeline.drafting import draft_propose
+    from pipeline.drafting.draft_propose import DraftCache, propose_cached
+
+    model, _, contexts, rng = _cached_passes(seed=2)
+    ids = list(contexts)
+    whole = [propose(model, [contexts[r] for r in ids], 4),
+             propose_cached(model, DraftCache(), ids, [contexts[r] for r in ids], 4)]
+    calls = []
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda x, *a, **kw: calls.append(len(x)) or
+                        forward(x, *a, **kw))
+    monkeypatch.setattr(draft_propose, "PREFILL_TOKENS", 9)  # one row of up to 8 tokens
+    cache = DraftCache()
+    parts = [propose(model, [contexts[r] for r in ids], 4),
+             propose_cached(model, cache, ids, [contexts[r] for r in ids], 4)]
+    assert calls[:3] == [1, 1, 1]  # the prefill, row by row
+    for got, want in zip(parts, whole):
+        assert got[0] == want[0]
+        assert all(g == pytest.approx(w, rel=1e-5) for g, w in zip(got[1], want[1]))
+    _verify(contexts, ids, parts[1][0], rng)
+    assert propose_cached(model, cache, ids, [contexts[r] for r in ids], 4)[0] == \
+        propose(model, [contexts[r] for r in ids], 4)[0]

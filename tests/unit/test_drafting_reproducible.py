@@ -272,3 +272,18 @@ def test_an_online_pass_cost_is_refused_under_tensor_parallelism():
             "that schedule different tokens hang in their collectives; use "
             "spec.pass_cost=fixed") in str(err.value)
     assert load_config(None, base[:2] + ["spec.pass_cost=online"]).spec.pass_cost == "online"
+
+
+@pytest.mark.parametrize("device", ["cuda", "auto"])
+def test_a_draft_model_on_a_gpu_is_refused_under_tensor_parallelism(device):
+    """Every rank trains its own draft model: on the CPU bit for bit alike, on a GPU not
+    promised, and ranks that draft differently hang."""
+    from pipeline.config.load import ConfigError, load_config
+
+    base = ["spec.method=history+group+model", "rollout.tensor_parallel_size=2"]
+    assert load_config(None, base).spec.draft_device == "cpu"
+    with pytest.raises(ConfigError) as err:
+        load_config(None, base + [f"spec.draft_device={device}"])
+    assert (f"spec.draft_device = {device} with rollout.tensor_parallel_size = 2" in
+            str(err.value)) and "use spec.draft_device=cpu" in str(err.value)
+    assert load_config(None, base[:1] + [f"spec.draft_device={device}"]).spec.draft_device == device
