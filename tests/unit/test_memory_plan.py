@@ -478,3 +478,24 @@ def test_a_model_the_plan_cannot_count_only_says_so(capsys, tmp_path, model_7b, 
     assert "# memory plan: not available (config.json has no hidden_size)\n" in out
     code, out, _ = cli(capsys, *run_7b(model_7b, prompts), "--dry-run", "--json")
     assert json.loads(out)["memory_plan"] == {"unavailable": "config.json has no hidden_size"}
+
+
+def test_a_draft_model_on_the_gpu_is_counted_and_named_in_the_remedies():
+    """history+group+model with spec.draft_device cuda (or auto) holds its fp32 draft on
+    the GPU: weights and the requests' keys and values in the rollout, its training's
+    states and activations in the train phase; on the CPU (the default) nothing."""
+    from pipeline.drafting.draft_model import shape_for
+
+    config = {**SMALL, "model_type": "llama"}
+    shape = ModelShape.from_config(config)
+    base = ["spec.method=history+group+model", "rollout.max_num_seqs=64"]
+    cpu = build_plan(shape, load_config(TINY, base), 1, 80.0)
+    assert "draft model" not in [i.name for i in cpu.items]
+    plan = build_plan(shape, load_config(TINY, base + ["spec.draft_device=cuda"]), 1, 80.0)
+    draft = next(i for i in plan.items if i.name == "draft model")
+    params = shape_for(config).parameters()
+    assert 4 * params / GIB < draft.rollout and 16 * params / GIB < draft.train
+    assert plan.peak("train") == pytest.approx(cpu.peak("train") + draft.train)
+    tight = build_plan(shape, load_config(TINY, base + ["spec.draft_device=auto"]), 1,
+                       cpu.peak("train") + draft.train / 2)
+    assert any("draft model" in p and "set spec.draft_device=cpu" in p for p in tight.problems)
