@@ -26,7 +26,9 @@ HELP = (
     "pass (--gpu-ms, a sleep here) runs. --soak S instead runs S steps with fresh prompts "
     "each, reading history from a run directory on disk, and reports memory per step. "
     "spec.KEY=VALUE arguments change rhymectl's drafter settings (chains, budget, caps ...) "
-    "as in a config. Writes OUT/bench-drafter-LIVExLEN.json and .png.\n\n"
+    "as in a config. --model CONFIG also times the draft model of history+group+model for "
+    "a policy of that shape (the model part of a pass, reported on its own). Writes "
+    "OUT/bench-drafter-LIVExLEN.json and .png.\n\n"
     "Example: rhymectl bench drafter --live 128 --mean-len 1024 --passes 50 --repeats 2\n\n"
     "Example: rhymectl bench drafter --live 512 --group 16 --mean-len 8192 --vocab 152064 "
     "--history-epochs 2 --passes 200 --repeats 3 --json --out docs")
@@ -75,6 +77,13 @@ def drafter(
                                                       "per request and pass (history only, "
                                                       "no chains, memo or budget): the least "
                                                       "any drafter asking every row pays."),
+    model: Optional[Path] = typer.Option(None, "--model", help="Also time the draft model "
+                                         "that history+group+model starts for a policy of "
+                                         "this Hugging Face config.json (or model "
+                                         "directory): k tokens for every request each "
+                                         "pass, on spec.draft_device (random weights)."),
+    model_passes: Optional[int] = typer.Option(None, "--model-passes", help="Timed passes "
+                                               "of the model lane a repeat [--passes]."),
     soak: int = typer.Option(0, "--soak", help="Instead: this many steps with fresh prompts, "
                                                "memory per step (0: off)."),
     out_dir: Path = typer.Option(Path("."), "--out", help="Folder for the JSON and PNG."),
@@ -86,7 +95,8 @@ def drafter(
     from pipeline.bench.drafter_plan import make_plan
 
     plan = make_plan(_live(live), group, mean_len, vocab, rhyme, history_epochs, seed, passes,
-                     repeats, k, start, window, gpu_ms, inline, floor, overrides or [])
+                     repeats, k, start, window, gpu_ms, inline, floor, overrides or [],
+                     None if model is None else str(model), model_passes)
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"--out {out_dir} is a file; give a folder")
     if soak < 0:
@@ -163,6 +173,14 @@ def _render(report: dict) -> None:
                           f"{s['accept_rate']:.1%}", f"{s['build_s']:.1f}",
                           f"{s['history_bytes'] / 1e9:.2f}")
         out.print(table)
+        if "model" in w:
+            d = w["model"]
+            out.print(f"model lane: a {d['shape']['layers']}-layer draft of width "
+                      f"{d['shape']['hidden_size']} (MLP {d['shape']['intermediate_size']}), "
+                      f"{d['own_parameters'] / 1e6:.0f}M parameters of its own beside the "
+                      f"policy's embedding and head, drafting over {d['draft_vocab']:,} "
+                      f"tokens on {d['device']}; random weights: its tau means nothing",
+                      markup=False)
         ours = pt["ours"]
         parts = ", ".join(f"{k} {v:.2f}" for k, v in ours["parts_ms"].items())
         out.print(f"rhymectl / suffix: {pt['ours_over_suffix']:.2f}; rhymectl's pass: {parts} ms; "

@@ -135,10 +135,17 @@ def _floor_lane(*args, **kw) -> Side:
     return build_floor(*args, **kw)
 
 
+def _model_lane(*args, **kw) -> Side:
+    from pipeline.bench.drafter_model import build_model_lane  # it imports this module
+
+    return build_model_lane(*args, **kw)
+
+
 BUILDERS = {"ours": build_ours,
             "ours-inline": lambda *a, **kw: build_ours(*a, background=False, **kw),
             "suffix": build_suffix,
-            "floor": _floor_lane}
+            "floor": _floor_lane,
+            "model": _model_lane}
 
 
 def measure_point(plan: Plan, shape: wl.Shape, progress: Progress) -> dict:
@@ -157,9 +164,10 @@ def measure_point(plan: Plan, shape: wl.Shape, progress: Progress) -> dict:
         for name in plan.lanes:
             progress(f"{shape.live} live: building {name} [{rep + 1}/{plan.repeats}]", 0)
             gc.collect()
+            extra = {"config": plan.model_config} if name == "model" else {}
             sides[name] = BUILDERS[name](work, InputBatch(shape.live, width), plan.k,
                                          max_model_len, start,
-                                         spec=plan.spec_for(shape.history_epochs))
+                                         spec=plan.spec_for(shape.history_epochs), **extra)
         shift = rep % len(plan.lanes)  # the order rotates: A B C, B C A, ...
         order = plan.lanes[shift:] + plan.lanes[:shift]
         for name in order:
@@ -168,9 +176,9 @@ def measure_point(plan: Plan, shape: wl.Shape, progress: Progress) -> dict:
         gc.collect()
         gc.freeze()
         done = {name: 0 for name in order}
-        while any(done[n] < plan.passes and sides[n].lane.live for n in order):
+        while any(done[n] < plan.passes_of(n) and sides[n].lane.live for n in order):
             for name in order:
-                want = min(plan.window, plan.passes - done[name])
+                want = min(plan.window, plan.passes_of(name) - done[name])
                 ran = sides[name].lane.run(want, plan.gpu_ms / 1e3) if want > 0 else 0
                 done[name] += ran
                 progress(f"{shape.live} live: {name} [{rep + 1}/{plan.repeats}]", ran)
@@ -271,6 +279,10 @@ def run(plan: Plan, progress: Progress = lambda what, n: None) -> dict:
                     "loadavg_after": [round(x, 2) for x in load_after]},
         "points": points,
     }
+    if plan.model_config is not None:
+        from pipeline.bench.drafter_model import describe
+
+        report["workload"]["model"] = describe(plan.model_config, plan.spec_for(s.history_epochs))
     last = points[-1]
     for name in plan.lanes:
         report[name] = last[name]

@@ -28,6 +28,10 @@ class Plan:
     floor: bool = False  # also measure one bare tree query per row (`drafter_floor`)
     overrides: tuple[str, ...] = ()  # spec.KEY=VALUE settings of rhymectl's drafter
     spec: SpecConfig | None = None  # history+group with them (None: the defaults)
+    # also time the draft model of a policy of this Hugging Face config (`drafter_model`),
+    # for at most model_passes passes a repeat (None: passes)
+    model_config: dict | None = None
+    model_passes: int | None = None
 
     def spec_for(self, history_epochs: int) -> SpecConfig:
         """rhymectl's drafter settings on a workload of `history_epochs` epochs of history."""
@@ -37,7 +41,14 @@ class Plan:
     @property
     def lanes(self) -> tuple[str, ...]:
         return (("ours",) + (("ours-inline",) if self.inline else ()) + ("suffix",)
-                + (("floor",) if self.floor else ()))
+                + (("floor",) if self.floor else ())
+                + (("model",) if self.model_config is not None else ()))
+
+    def passes_of(self, lane: str) -> int:
+        """Timed passes a repeat of `lane` runs."""
+        if lane == "model" and self.model_passes is not None:
+            return min(self.passes, self.model_passes)
+        return self.passes
 
     @property
     def reach(self) -> int:
@@ -52,20 +63,31 @@ class Plan:
 
     @property
     def total_passes(self) -> int:
-        return len(self.lanes) * self.passes * self.repeats * len(self.shapes)
+        return sum(map(self.passes_of, self.lanes)) * self.repeats * len(self.shapes)
 
 
 def make_plan(live: list[int], group: int, mean_len: int, vocab: int, rhyme: float,
               history_epochs: int, seed: int, passes: int, repeats: int, k: int = 8,
               start: int | None = None, window: int = 10, gpu_ms: float = 20.0,
-              inline: bool = False, floor: bool = False, overrides: Sequence[str] = ()) -> Plan:
-    """The plan, every bad value refused at once (UsageError naming each and its fix)."""
+              inline: bool = False, floor: bool = False, overrides: Sequence[str] = (),
+              model: str | None = None, model_passes: int | None = None) -> Plan:
+    """The plan, every bad value refused at once (UsageError naming each and its fix).
+    model: a policy's config.json or directory (the model lane)."""
     errors = []
-    spec = None
+    spec = config = None
     try:
         spec = drafter_spec(overrides, k)
     except UsageError as e:
         errors.append(str(e))
+    if model is not None:
+        from pipeline.bench.drafter_model import read_policy_config
+
+        try:
+            config = read_policy_config(model, vocab)
+        except UsageError as e:
+            errors.append(str(e))
+    if model_passes is not None and (model is None or model_passes < 1):
+        errors.append(f"--model-passes {model_passes}: give at least 1, with --model")
     if not live or any(n < 1 for n in live):
         errors.append("--live: give positive request counts, e.g. --live 512 or 128,512")
     elif any(n % group for n in live) if group >= 1 else False:
@@ -94,7 +116,7 @@ def make_plan(live: list[int], group: int, mean_len: int, vocab: int, rhyme: flo
     shapes = tuple(wl.Shape(live=n, group=group, mean_len=mean_len, vocab=vocab, rhyme=rhyme,
                             history_epochs=history_epochs, seed=seed) for n in live)
     return Plan(shapes, passes, repeats, k, start, window, gpu_ms, inline, floor,
-                tuple(overrides), spec)
+                tuple(overrides), spec, config, model_passes)
 
 
 # what the bench's flags and workload set: the method it times, --k, --history-epochs

@@ -7,9 +7,10 @@ from pathlib import Path
 from pipeline.atomic import write_atomic
 
 COLORS = {"ours": "#4c72b0", "ours-inline": "#8172b3", "suffix": "#dd8452",
-          "floor": "#55a868"}
+          "floor": "#55a868", "model": "#c44e52"}
 LABELS = {"ours": "rhymectl drafter", "ours-inline": "rhymectl drafter, background inline",
-          "suffix": "vLLM suffix", "floor": "one bare tree query per row (floor)"}
+          "suffix": "vLLM suffix", "floor": "one bare tree query per row (floor)",
+          "model": "draft model, every row (--model)"}
 
 
 def write_drafter_plot(report: dict, path: str | Path) -> Path:

@@ -136,6 +136,54 @@ def test_spec_settings_reach_the_drafter_and_the_floor_lane(capsys, tmp_path):
     assert report["floor"]["drafted_per_pass"] <= 2 * 16
 
 
+# a policy's Hugging Face config for the model lane: the draft gets one layer of width 64
+POLICY = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "num_hidden_layers": 4, "intermediate_size": 256, "vocab_size": 3000,
+          "max_position_embeddings": 1024, "tie_word_embeddings": True}
+
+
+def test_the_model_lane_drafts_k_tokens_for_every_row_each_pass(capsys, tmp_path):
+    """--model CONFIG: the draft model history+group+model starts for that policy drafts k
+    tokens for every running request each pass (fewer rows as requests finish), with its
+    shape, size and device in the report, and spec settings reach it (its draft
+    vocabulary); --model-passes caps its passes alone."""
+    (tmp_path / "policy").mkdir()
+    (tmp_path / "policy" / "config.json").write_text(json.dumps(POLICY))
+    code, out, err = run_cli(capsys, "bench", "drafter", "--live", "16", "--group", "4",
+                             "--mean-len", "128", "--vocab", "3000", "--passes", "6",
+                             "--repeats", "1", "--window", "3", "--gpu-ms", "0", "--json",
+                             "--model", str(tmp_path / "policy"), "--model-passes", "4",
+                             "--k", "5", "spec.draft_vocab=100", "--out", str(tmp_path / "o"))
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["workload"]["lanes"] == ["ours", "suffix", "model"]
+    model = report["model"]
+    assert model["passes"] == 4 and report["ours"]["passes"] == 6
+    assert all(r > 0 for r in model["rows"])
+    assert model["drafted_per_pass"] == pytest.approx(5 * np.mean(model["rows"]))
+    d = report["workload"]["model"]
+    assert d["shape"]["layers"] == 1 and d["shape"]["hidden_size"] == 64
+    assert d["draft_vocab"] == 100 and d["device"] == "cpu"
+    assert 0 < d["own_parameters"] <= 0.1 * d["policy_parameters"]
+    assert str(tmp_path) not in (tmp_path / "o" / "bench-drafter-16x128.json").read_text()
+
+
+@pytest.mark.parametrize("config,args,words", [
+    (None, ["--model", "{dir}/nowhere"], "cannot read a Hugging Face config.json"),
+    ({"hidden_size": 64}, ["--model", "{dir}/c.json"], "no num_attention_heads"),
+    (POLICY, ["--model", "{dir}/c.json", "--vocab", "5000"], "fewer than --vocab 5000"),
+    (POLICY, ["--model-passes", "3"], "--model-passes 3: give at least 1, with --model"),
+])
+def test_a_bad_model_lane_is_refused_in_one_line(capsys, tmp_path, config, args, words):
+    if config is not None:
+        (tmp_path / "c.json").write_text(json.dumps(config))
+    args = [a.replace("{dir}", str(tmp_path)) for a in args]
+    code, _, err = run_cli(capsys, "bench", "drafter", "--vocab", "3000", *args,
+                           "--out", str(tmp_path / "o"))
+    assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_small_soak_runs_every_step_from_history_on_disk(capsys, tmp_path):
     code, out, err = run_cli(capsys, "bench", "drafter", "--soak", "3", "--live", "16",
                              "--group", "4", "--mean-len", "64", "--vocab", "3000",
