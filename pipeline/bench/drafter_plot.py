@@ -16,7 +16,8 @@ LABELS = {"ours": "rhymectl drafter", "ours-inline": "rhymectl drafter, backgrou
 def write_drafter_plot(report: dict, path: str | Path) -> Path:
     """Left: every timed pass (ms against the rows it had, faint) and, per --live value,
     the median with a bar up to the p99 (dashed: the proposer thread's CPU time). Right:
-    tau per lane and --live value."""
+    tau per lane and --live value (the model lane's tau: random weights). With a model lane
+    the time axis is logarithmic."""
     from matplotlib.figure import Figure
 
     lanes = report["workload"]["lanes"]
@@ -41,7 +42,10 @@ def write_drafter_plot(report: dict, path: str | Path) -> Path:
     w = report["workload"]
     ax.set(xlabel="live requests (rows in the pass)", ylabel="ms in the proposer per pass",
            title=f"per-pass drafter time, {w['mean_len']}-token responses, vocab {w['vocab']}")
-    ax.set_ylim(bottom=0)
+    if "model" in lanes:  # a draft model's forward is 100-1000x a tree query: log scale
+        ax.set_yscale("log")
+    else:
+        ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
     ax_tau.set(xlabel="live requests", ylabel="tokens per pass and sequence (tau)",
                title=f"tau at rhyme {w['rhyme']}")
