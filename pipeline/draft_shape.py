@@ -1,11 +1,15 @@
-"""The shape of `history+group+model`'s draft model (`DraftShape`, `shape_for`) and the
-sizes of its online training that the memory plan counts: arithmetic on a policy's Hugging
-Face config, no torch. The network: `pipeline.drafting.draft_model`."""
+"""The shape of `history+group+model`'s draft model (`DraftShape`, `shape_for`) and the GPU
+memory it takes (`draft_memory`, an item of the memory plan): arithmetic on a policy's
+Hugging Face config, no torch. The network: `pipeline.drafting.draft_model`."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
+
+if TYPE_CHECKING:
+    from pipeline.config.schema import Config
+    from pipeline.model_shape import ModelShape
 
 DRAFT_BATCH = 32  # responses per AdamW update of the draft (`TrainSettings.batch`)
 # the fp32 logits one piece of the draft's loss may hold: a minibatch of 32 responses of 8k
@@ -96,4 +100,37 @@ def shape_for(config: Mapping, *, layers: int = 1, max_fraction: float = 0.10,
     return DraftShape(**{**asdict(base), "intermediate_size": width})
 
 
-__all__ = ["DRAFT_BATCH", "DraftShape", "LOSS_CHUNK_BYTES", "policy_parameters", "shape_for"]
+def draft_memory(shape: "ModelShape", cfg: "Config") -> tuple[int, int, str] | None:
+    """Bytes per GPU of a `model` method's draft model on the GPU (`spec.draft_device` cuda
+    or auto; None on the CPU, where it takes none) in the rollout and train phases, and how
+    they were counted: fp32 weights in both; in the rollout each running request's keys and
+    values (held between passes, and a pass's batch of them); in the train phase its
+    gradients, AdamW's two moments, one minibatch's activations and a chunk of logits with
+    its gradient (`pipeline.drafting.draft_train`)."""
+    from dataclasses import replace
+
+    from pipeline.config.methods import method
+
+    spec = cfg.spec
+    if spec.draft_device == "cpu" or not method(spec.method).model:
+        return None
+    d = shape_for({"hidden_size": shape.hidden, "num_attention_heads": shape.heads,
+                   "num_key_value_heads": shape.kv_heads, "head_dim": shape.head_dim,
+                   "intermediate_size": shape.intermediate, "vocab_size": shape.vocab,
+                   "num_hidden_layers": shape.layers, "tie_word_embeddings": shape.tied},
+                  layers=spec.draft_layers)
+    params, seq = d.parameters(), cfg.data.max_prompt_length + cfg.rollout.max_tokens
+    kv = 2 * 2 * 4 * cfg.rollout.max_num_seqs * seq * d.layers * d.kv_heads * d.head_dim
+    layer = replace(shape, intermediate=d.intermediate_size, layers=d.layers)
+    acts = DRAFT_BATCH * seq * (d.layers * layer.layer_activation_bytes(seq, 4)
+                                + 8 * d.hidden_size)
+    return (4 * params + kv, 16 * params + acts + 2 * LOSS_CHUNK_BYTES,
+            f"spec.draft_device {spec.draft_device}: {params / 1e6:.0f}M fp32 parameters "
+            f"({d.layers} layer{'s' * (d.layers != 1)} and its own embedding and head); "
+            f"rollout: + keys and values of {cfg.rollout.max_num_seqs} requests x {seq} "
+            f"tokens, twice; train: + gradients and AdamW moments, {DRAFT_BATCH} responses' "
+            f"activations, a logits chunk and its gradient")
+
+
+__all__ = ["DRAFT_BATCH", "DraftShape", "LOSS_CHUNK_BYTES", "draft_memory", "policy_parameters",
+           "shape_for"]

@@ -37,6 +37,7 @@ from typing import Optional
 
 from pipeline.config.methods import method
 from pipeline.config.schema import Config
+from pipeline.draft_shape import draft_memory
 from pipeline.model_shape import ModelShape
 
 GIB = 2 ** 30
@@ -119,8 +120,9 @@ def build_plan(shape: ModelShape, cfg: Config, world_size: int, device_gib: Opti
     trainer = _trainer_items(shape, cfg, world_size)
     vllm_weights = DTYPE_BYTES[cfg.model.dtype] * shape.params / cfg.rollout.tensor_parallel_size
     items = (*trainer, *_vllm_items(cfg, device_gib, vllm_weights / GIB),
-             _sampler_item(shape, cfg), *_step_items(shape, cfg, world_size),
-             *_draft_items(shape, cfg))
+             _sampler_item(shape, cfg), *_step_items(shape, cfg, world_size))
+    draft = draft_memory(shape, cfg)  # a draft model on the GPU
+    items += (Item("draft model", draft[0] / GIB, draft[1] / GIB, draft[2]),) if draft else ()
     notes = []
     if shape.model_type not in COUNTED_TYPES:
         notes.append(f"model_type {shape.model_type} is counted as a dense Llama-style decoder")
@@ -226,36 +228,6 @@ def _sampler_item(shape: ModelShape, cfg: Config) -> Item:
                 f"{rows} sequences x {cfg.spec.num_speculative_tokens} draft tokens "
                 f"({t} positions) x vocab {shape.vocab}: {copies} and the pass's "
                 f"{cfg.model.dtype} logits, beyond vLLM's one-draft profile; outside its share")
-
-
-def _draft_items(shape: ModelShape, cfg: Config) -> tuple[Item, ...]:
-    """The draft model of a `model` method on the GPU (`spec.draft_device` cuda or auto;
-    on the CPU it takes none): fp32 weights in both phases, in the rollout each running
-    request's keys and values (held between passes, and a pass's batch of them), in the
-    train phase its gradients, AdamW's two moments, one minibatch's activations and a
-    chunk of logits with its gradient (`pipeline.drafting.draft_train`)."""
-    spec = cfg.spec
-    if spec.draft_device == "cpu" or not method(spec.method).model:
-        return ()
-    from pipeline.draft_shape import DRAFT_BATCH, LOSS_CHUNK_BYTES, shape_for
-
-    d = shape_for({"hidden_size": shape.hidden, "num_attention_heads": shape.heads,
-                   "num_key_value_heads": shape.kv_heads, "head_dim": shape.head_dim,
-                   "intermediate_size": shape.intermediate, "vocab_size": shape.vocab,
-                   "num_hidden_layers": shape.layers, "tie_word_embeddings": shape.tied},
-                  layers=spec.draft_layers)
-    params, seq = d.parameters(), cfg.data.max_prompt_length + cfg.rollout.max_tokens
-    kv = 2 * 2 * 4 * cfg.rollout.max_num_seqs * seq * d.layers * d.kv_heads * d.head_dim
-    batch = DRAFT_BATCH
-    layer = replace(shape, intermediate=d.intermediate_size, layers=d.layers)
-    acts = batch * seq * (d.layers * layer.layer_activation_bytes(seq, 4) + 8 * d.hidden_size)
-    return (Item("draft model", (4 * params + kv) / GIB,
-                 (16 * params + acts + 2 * LOSS_CHUNK_BYTES) / GIB,
-                 f"spec.draft_device {spec.draft_device}: {params / 1e6:.0f}M fp32 parameters "
-                 f"({d.layers} layer{'s' * (d.layers != 1)} and its own embedding and head); "
-                 f"rollout: + keys and values of {cfg.rollout.max_num_seqs} requests x {seq} "
-                 f"tokens, twice; train: + gradients and AdamW moments, {batch} responses' "
-                 f"activations, a logits chunk and its gradient"),)
 
 
 def _step_items(shape: ModelShape, cfg: Config, n: int) -> tuple[Item, ...]:

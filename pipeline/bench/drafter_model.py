@@ -56,7 +56,7 @@ def describe(config: dict, spec) -> dict:
     from dataclasses import asdict
 
     from pipeline.drafting.draft_model import policy_parameters, shape_for
-    from pipeline.rollout.speculation import draft_device
+    from pipeline.rollout.draft_source import draft_device
 
     shape = shape_for(config, layers=spec.draft_layers)
     vocab = spec.draft_vocab if 0 < spec.draft_vocab < shape.vocab_size else shape.vocab_size
@@ -74,7 +74,7 @@ def build_model_lane(work: wl.Workload, batch: InputBatch, k: int, max_model_len
     from pipeline.config.schema import SpecConfig
     from pipeline.drafting.draft_model import DraftModel, shape_for
     from pipeline.drafting.draft_propose import DraftCache, propose_cached
-    from pipeline.rollout.speculation import draft_device
+    from pipeline.rollout.draft_source import draft_device
 
     spec = spec or SpecConfig(method="history+group+model", num_speculative_tokens=k)
     t0 = time.perf_counter()

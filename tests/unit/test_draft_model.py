@@ -468,7 +468,7 @@ def test_the_draft_device_follows_the_engine_unless_set():
     from types import SimpleNamespace
 
     from pipeline.errors import UsageError
-    from pipeline.rollout.speculation import draft_device
+    from pipeline.rollout.draft_source import draft_device
 
     assert draft_device("auto", SimpleNamespace(type="cuda")) == "cuda"
     assert draft_device("auto", torch.device("cpu")) == "cpu"
