@@ -81,9 +81,11 @@ def make_plan(live: list[int], group: int, mean_len: int, vocab: int, rhyme: flo
         errors.append(str(e))
     if model is not None:
         from pipeline.bench.drafter_model import read_policy_config
+        from pipeline.rollout.draft_source import draft_device
 
         try:
             config = read_policy_config(model, vocab)
+            draft_device((spec or SpecConfig()).draft_device)  # cuda where there is none
         except UsageError as e:
             errors.append(str(e))
     if model_passes is not None and (model is None or model_passes < 1):

@@ -184,6 +184,21 @@ def test_a_bad_model_lane_is_refused_in_one_line(capsys, tmp_path, config, args,
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA device is here")
+def test_a_model_lane_on_cuda_without_one_is_refused_before_any_work(capsys, tmp_path,
+                                                                     monkeypatch):
+    def no_work(*args, **kwargs):
+        raise AssertionError("a workload was built before the refusal")
+
+    monkeypatch.setattr(wl, "make", no_work)
+    (tmp_path / "c.json").write_text(json.dumps(POLICY))
+    code, _, err = run_cli(capsys, "bench", "drafter", "--vocab", "3000", "--model",
+                           str(tmp_path / "c.json"), "spec.draft_device=cuda",
+                           "--out", str(tmp_path / "o"))
+    assert code == 2 and "spec.draft_device is cuda and torch sees no CUDA device" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
+
+
 def test_a_small_soak_runs_every_step_from_history_on_disk(capsys, tmp_path):
     code, out, err = run_cli(capsys, "bench", "drafter", "--soak", "3", "--live", "16",
                              "--group", "4", "--mean-len", "64", "--vocab", "3000",
