@@ -51,18 +51,27 @@ def read_policy_config(path: str | Path, vocab: int) -> dict:
     return config
 
 
-def describe(config: dict, spec) -> dict:
-    """What the model lane times: the draft's shape, parameters and where it runs."""
-    from dataclasses import asdict
-
-    from pipeline.drafting.draft_model import policy_parameters, shape_for
+def _draft(config: dict, spec):
+    """The lane's draft for the policy `config` under `spec`: (its shape, the tokens it
+    drafts from, its device)."""
+    from pipeline.drafting.draft_model import shape_for
     from pipeline.rollout.draft_source import draft_device
 
     shape = shape_for(config, layers=spec.draft_layers)
     vocab = spec.draft_vocab if 0 < spec.draft_vocab < shape.vocab_size else shape.vocab_size
+    return shape, vocab, draft_device(spec.draft_device)
+
+
+def describe(config: dict, spec) -> dict:
+    """What the model lane times: the draft's shape, parameters and where it runs."""
+    from dataclasses import asdict
+
+    from pipeline.drafting.draft_model import policy_parameters
+
+    shape, vocab, device = _draft(config, spec)
     return {"shape": asdict(shape), "own_parameters": shape.own_parameters(),
             "parameters": shape.parameters(), "policy_parameters": policy_parameters(config),
-            "draft_vocab": vocab, "device": draft_device(spec.draft_device)}
+            "draft_vocab": vocab, "device": device}
 
 
 def build_model_lane(work: wl.Workload, batch: InputBatch, k: int, max_model_len: int,
@@ -72,16 +81,15 @@ def build_model_lane(work: wl.Workload, batch: InputBatch, k: int, max_model_len
     import torch
 
     from pipeline.config.schema import SpecConfig
-    from pipeline.drafting.draft_model import DraftModel, shape_for
+    from pipeline.drafting.draft_model import DraftModel
     from pipeline.drafting.draft_propose import DraftCache, propose_cached
-    from pipeline.rollout.draft_source import draft_device
 
     spec = spec or SpecConfig(method="history+group+model", num_speculative_tokens=k)
     t0 = time.perf_counter()
-    shape = shape_for(config, layers=spec.draft_layers)
-    model = DraftModel(shape, seed=0).to(draft_device(spec.draft_device)).eval()
-    if 0 < spec.draft_vocab < shape.vocab_size:
-        model.use_draft_vocab(torch.arange(spec.draft_vocab))
+    shape, vocab, device = _draft(config, spec)
+    model = DraftModel(shape, seed=0).to(device).eval()
+    if vocab < shape.vocab_size:
+        model.use_draft_vocab(torch.arange(vocab))
     build_s = time.perf_counter() - t0
     cache = DraftCache()
     held: set[str] = set()
