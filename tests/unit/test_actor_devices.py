@@ -22,11 +22,13 @@ from pipeline.train.batch import Batch
 from pipeline.train.ds_config import reference_config
 
 
-def tiny_module() -> torch.nn.Module:
+def tiny_module(device: str = "meta") -> torch.nn.Module:
+    """A two-layer Qwen2 on `device`; on a real device its buffers (the rotary frequencies)
+    are computed, where `to_empty` would leave them as whatever the memory held."""
     cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
                       tie_word_embeddings=False, attn_implementation="eager")
-    return Qwen2ForCausalLM(cfg).to("meta")
+    return Qwen2ForCausalLM(cfg).to(device)
 
 
 class DeviceGuard:

@@ -15,7 +15,7 @@ from pipeline.train.batch import Batch
 def cpu_actor():
     actor, _, engine = make_actor(kl_coef=0.0)
     torch.manual_seed(0)
-    engine.module = tiny_module().to_empty(device="cpu")
+    engine.module = tiny_module("cpu")
     for p in engine.module.parameters():
         torch.nn.init.normal_(p, std=0.05)
     engine.device = actor.device = torch.device("cpu")
