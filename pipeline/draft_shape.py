@@ -17,6 +17,11 @@ DRAFT_BATCH = 32  # responses per AdamW update of the draft (`TrainSettings.batc
 # chunks of tokens whose logits the backward pass recomputes (3,530 tokens at a 152k
 # vocabulary); a minibatch within it computes as one piece (SmolLM2's 32 x 256: 1.6 GB)
 LOSS_CHUNK_BYTES = 2 << 30
+# padded tokens one forward and backward of the draft's update may hold: a minibatch above
+# it is split into pieces whose gradients add up (32 responses of 5k tokens kept 160k
+# tokens' activations at once, 73 GiB at a 7B's width); SmolLM2's and the tiny policy's
+# minibatches (32 x 320 and 32 x 192 tokens at most) stay one piece
+MICRO_TOKENS = 1 << 14
 
 
 # -- shape --------------------------------------------------------------------------------
@@ -105,7 +110,8 @@ def draft_memory(shape: "ModelShape", cfg: "Config") -> tuple[int, int, str] | N
     or auto; None on the CPU, where it takes none) in the rollout and train phases, and how
     they were counted: fp32 weights in both; in the rollout each running request's keys and
     values (held between passes, and a pass's batch of them); in the train phase its
-    gradients, AdamW's two moments, one minibatch's activations and a chunk of logits with
+    gradients, AdamW's two moments, one piece of a minibatch's activations (`MICRO_TOKENS`)
+    and a chunk of logits with
     its gradient (`pipeline.drafting.draft_train`)."""
     from dataclasses import replace
 
@@ -122,15 +128,16 @@ def draft_memory(shape: "ModelShape", cfg: "Config") -> tuple[int, int, str] | N
     params, seq = d.parameters(), cfg.data.max_prompt_length + cfg.rollout.max_tokens
     kv = 2 * 2 * 4 * cfg.rollout.max_num_seqs * seq * d.layers * d.kv_heads * d.head_dim
     layer = replace(shape, intermediate=d.intermediate_size, layers=d.layers)
-    acts = DRAFT_BATCH * seq * (d.layers * layer.layer_activation_bytes(seq, 4)
-                                + 8 * d.hidden_size)
+    tokens = max(seq, min(DRAFT_BATCH * seq, MICRO_TOKENS))  # one piece of a minibatch
+    acts = tokens * (d.layers * layer.layer_activation_bytes(seq, 4) + 8 * d.hidden_size)
     return (4 * params + kv, 16 * params + acts + 2 * LOSS_CHUNK_BYTES,
             f"spec.draft_device {spec.draft_device}: {params / 1e6:.0f}M fp32 parameters "
             f"({d.layers} layer{'s' * (d.layers != 1)} and its own embedding and head); "
             f"rollout: + keys and values of {cfg.rollout.max_num_seqs} requests x {seq} "
-            f"tokens, twice; train: + gradients and AdamW moments, {DRAFT_BATCH} responses' "
-            f"activations, a logits chunk and its gradient")
+            f"tokens, twice; train: + gradients and AdamW moments, the activations of "
+            f"{tokens} tokens of a {DRAFT_BATCH}-response minibatch, a logits chunk and its "
+            f"gradient")
 
 
-__all__ = ["DRAFT_BATCH", "DraftShape", "LOSS_CHUNK_BYTES", "draft_memory", "policy_parameters",
-           "shape_for"]
+__all__ = ["DRAFT_BATCH", "DraftShape", "LOSS_CHUNK_BYTES", "MICRO_TOKENS", "draft_memory",
+           "policy_parameters", "shape_for"]

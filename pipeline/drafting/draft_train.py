@@ -117,6 +117,12 @@ class DraftTrainer:
 
     def _loss(self, batch) -> tuple[torch.Tensor, int]:
         """Weighted mean next-token cross-entropy over the response tokens of `batch`."""
+        total, weights, count = self._loss_sum(batch)
+        return total / weights.clamp(min=1e-9), count
+
+    def _loss_sum(self, batch) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The weighted next-token cross-entropy summed over the response tokens of
+        `batch`, the sum of their weights, and their count."""
         width = max(len(ids) for ids, _, _ in batch)
         ids = torch.zeros(len(batch), width, dtype=torch.long, device="cpu")
         weight = torch.zeros(len(batch), width - 1, device="cpu")
@@ -136,7 +142,24 @@ class DraftTrainer:
             total = sum(checkpoint(self._weighted_ce, h[i:i + chunk], targets[i:i + chunk],
                                    w[i:i + chunk], use_reentrant=False)
                         for i in range(0, len(h), chunk))
-        return total / w.sum().clamp(min=1e-9), int(where.sum())
+        return total, w.sum(), int(where.sum())
+
+    def _backward(self, batch) -> tuple[float, int]:
+        """The gradient of `batch`'s weighted mean loss, in pieces of at most
+        `MICRO_TOKENS` padded tokens (`pieces`) whose gradients add up to the whole's;
+        (the loss, the tokens trained on)."""
+        parts = pieces(batch, draft_shape.MICRO_TOKENS)
+        if len(parts) == 1:  # one forward and backward, as a minibatch that fits always ran
+            value, n = self._loss(batch)
+            value.backward()
+            return float(value.detach()), n
+        weights = sum(float(w) * (len(seq) - start) for seq, start, w in batch)
+        value, n = 0.0, 0
+        for part in parts:
+            total, _, count = self._loss_sum(part)
+            (total / max(weights, 1e-9)).backward()
+            value, n = value + float(total.detach()) / max(weights, 1e-9), n + count
+        return value, n
 
     def _weighted_ce(self, hidden: torch.Tensor, targets: torch.Tensor,
                      weight: torch.Tensor) -> torch.Tensor:
@@ -152,10 +175,10 @@ class DraftTrainer:
         with torch.no_grad():
             total, weights = 0.0, 0.0
             for i in range(0, len(examples), self.settings.batch):
-                part = examples[i:i + self.settings.batch]
-                value, _ = self._loss(part)
-                w = sum(x[2] * (len(x[0]) - x[1]) for x in part)
-                total, weights = total + float(value) * w, weights + w
+                for part in pieces(examples[i:i + self.settings.batch], draft_shape.MICRO_TOKENS):
+                    value, _ = self._loss(part)
+                    w = sum(x[2] * (len(x[0]) - x[1]) for x in part)
+                    total, weights = total + float(value) * w, weights + w
         return total / weights
 
     def train(self, rollouts: Sequence[tuple[Sequence[int], Sequence[int]]]) -> TrainReport:
@@ -180,9 +203,8 @@ class DraftTrainer:
             if len(order) < min(s.batch, len(examples)):
                 order += torch.randperm(len(examples), generator=gen, device="cpu").tolist()
             picked, order = order[:s.batch], order[s.batch:]
-            value, n = self._loss([examples[i] for i in picked])
             self.opt.zero_grad(set_to_none=True)
-            value.backward()
+            _, n = self._backward([examples[i] for i in picked])
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.max_grad_norm)
             self.opt.step()
             tokens += n
@@ -191,6 +213,21 @@ class DraftTrainer:
         self.calls += 1
         return TrainReport(before, self.loss(rollouts), s.updates, tokens,
                            time.perf_counter() - start)
+
+
+def pieces(batch: list, limit: int) -> list[list]:
+    """`batch` (examples with their token ids first) in order, cut into consecutive pieces
+    whose padded size (rows x the longest row) is at most `limit` tokens; a row longer
+    than `limit` is a piece of its own."""
+    out, width = [[]], 0
+    for example in batch:
+        wider = max(width, len(example[0]))
+        if out[-1] and wider * (len(out[-1]) + 1) > limit:
+            out.append([])
+            wider = len(example[0])
+        out[-1].append(example)
+        width = wider
+    return out if out[-1] else []
 
 
 # -- state ----------------------------------------------------------------------------------

@@ -526,6 +526,51 @@ def test_a_large_minibatch_sums_its_loss_in_chunks_to_the_same_update(monkeypatc
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(c_params, w_params))
 
 
+def test_a_minibatch_above_micro_tokens_trains_in_pieces_to_the_same_update(monkeypatch):
+    """Above MICRO_TOKENS padded tokens a minibatch's forward and backward run a few rows at
+    a time and their gradients add up: the losses and the update are the one-piece ones
+    (to float rounding), and no piece holds more than the limit."""
+    from pipeline.drafting import draft_train
+
+    held = []
+    loss_sum = draft_train.DraftTrainer._loss_sum
+
+    def spy(self, batch):
+        held.append(len(batch) * max(len(seq) for seq, _, _ in batch))
+        return loss_sum(self, batch)
+    monkeypatch.setattr(draft_train.DraftTrainer, "_loss_sum", spy)
+
+    def trained(limit):
+        monkeypatch.setattr(draft_train.draft_shape, "MICRO_TOKENS", limit)
+        held.clear()
+        trainer = _trainer(seed=5)
+        report = trainer.train(_corpus(4))
+        return report, [p.detach().clone() for p in trainer.model.parameters()], max(held)
+
+    whole, w_params, widest = trained(1 << 30)
+    split, s_params, piece = trained(widest // 3)
+    assert piece <= widest // 3 < widest
+    assert split.tokens == whole.tokens
+    assert split.loss_before == pytest.approx(whole.loss_before, rel=1e-6)
+    assert split.loss_after == pytest.approx(whole.loss_after, rel=1e-4)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(s_params, w_params))
+    assert any(not torch.equal(a, b) for a, b in zip(w_params, _trainer(seed=5).model.parameters()))
+
+
+def test_pieces_keep_order_and_bound_the_padded_size():
+    from pipeline.drafting.draft_train import pieces
+
+    rng = random.Random(3)
+    for _ in range(500):
+        batch = [(list(range(rng.randrange(1, 40))), 0, 1.0) for _ in range(rng.randrange(1, 20))]
+        limit = rng.randrange(1, 120)
+        parts = pieces(batch, limit)
+        assert [e for part in parts for e in part] == batch
+        for part in parts:
+            assert len(part) == 1 or len(part) * max(len(e[0]) for e in part) <= limit
+    assert pieces([], 10) == []
+
+
 def test_a_long_prefill_runs_a_few_rows_at_a_time_to_the_same_drafts(monkeypatch):
     """Above PREFILL_TOKENS new tokens a batch's first forward goes a few rows at a time
     (into the same caches): the drafts are the one-piece ones, and so are the next pass's

@@ -499,3 +499,27 @@ def test_a_draft_model_on_the_gpu_is_counted_and_named_in_the_remedies():
     tight = build_plan(shape, load_config(TINY, base + ["spec.draft_device=auto"]), 1,
                        cpu.peak("train") + draft.train / 2)
     assert any("draft model" in p and "set spec.draft_device=cpu" in p for p in tight.problems)
+
+
+def test_the_draft_models_training_activations_are_one_piece_of_a_minibatch(monkeypatch):
+    """The draft's update runs a long minibatch in pieces of MICRO_TOKENS padded tokens
+    (pipeline.drafting.draft_train.pieces): the plan counts one piece's activations, so
+    at gpu-7b.yaml's 5k-token sequences the train item grows with the piece, not with the
+    32 responses of a minibatch."""
+    from pipeline import draft_shape
+
+    cfg = load_config(GPU_7B, ["spec.method=history+group+model", "spec.draft_device=cuda"])
+
+    def train_gib(tokens):
+        monkeypatch.setattr(draft_shape, "MICRO_TOKENS", tokens)
+        item = next(i for i in build_plan(qwen7b(), cfg, 8, 80.0).items if i.name == "draft model")
+        return item.train, item.basis
+
+    small, basis = train_gib(1 << 14)
+    assert "the activations of 16384 tokens of a 32-response minibatch" in basis
+    double, _ = train_gib(1 << 15)
+    whole, _ = train_gib(1 << 30)  # no limit: the whole minibatch of 32 x 5,120 tokens
+    per_token = (double - small) / (1 << 14)
+    assert per_token > 0
+    assert whole - small == pytest.approx(per_token * (32 * 5120 - (1 << 14)), rel=1e-6)
+    assert small < whole / 2
