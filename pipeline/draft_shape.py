@@ -111,8 +111,7 @@ def draft_memory(shape: "ModelShape", cfg: "Config") -> tuple[int, int, str] | N
     they were counted: fp32 weights in both; in the rollout each running request's keys and
     values (held between passes, and a pass's batch of them); in the train phase its
     gradients, AdamW's two moments, one piece of a minibatch's activations (`MICRO_TOKENS`)
-    and a chunk of logits with
-    its gradient (`pipeline.drafting.draft_train`)."""
+    and a chunk of logits with its gradient (`pipeline.drafting.draft_train`)."""
     from dataclasses import replace
 
     from pipeline.config.methods import method
