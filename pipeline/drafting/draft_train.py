@@ -144,22 +144,21 @@ class DraftTrainer:
                         for i in range(0, len(h), chunk))
         return total, w.sum(), int(where.sum())
 
-    def _backward(self, batch) -> tuple[float, int]:
+    def _backward(self, batch) -> int:
         """The gradient of `batch`'s weighted mean loss, in pieces of at most
         `MICRO_TOKENS` padded tokens (`pieces`) whose gradients add up to the whole's;
-        (the loss, the tokens trained on)."""
+        the tokens trained on."""
         parts = pieces(batch, draft_shape.MICRO_TOKENS)
         if len(parts) == 1:  # one forward and backward, as a minibatch that fits always ran
             value, n = self._loss(batch)
             value.backward()
-            return float(value.detach()), n
-        weights = sum(float(w) * (len(seq) - start) for seq, start, w in batch)
-        value, n = 0.0, 0
+            return n
+        weights, n = max(_weight(batch), 1e-9), 0
         for part in parts:
             total, _, count = self._loss_sum(part)
-            (total / max(weights, 1e-9)).backward()
-            value, n = value + float(total.detach()) / max(weights, 1e-9), n + count
-        return value, n
+            (total / weights).backward()
+            n += count
+        return n
 
     def _weighted_ce(self, hidden: torch.Tensor, targets: torch.Tensor,
                      weight: torch.Tensor) -> torch.Tensor:
@@ -177,7 +176,7 @@ class DraftTrainer:
             for i in range(0, len(examples), self.settings.batch):
                 for part in pieces(examples[i:i + self.settings.batch], draft_shape.MICRO_TOKENS):
                     value, _ = self._loss(part)
-                    w = sum(x[2] * (len(x[0]) - x[1]) for x in part)
+                    w = _weight(part)
                     total, weights = total + float(value) * w, weights + w
         return total / weights
 
@@ -204,7 +203,7 @@ class DraftTrainer:
                 order += torch.randperm(len(examples), generator=gen, device="cpu").tolist()
             picked, order = order[:s.batch], order[s.batch:]
             self.opt.zero_grad(set_to_none=True)
-            _, n = self._backward([examples[i] for i in picked])
+            n = self._backward([examples[i] for i in picked])
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.max_grad_norm)
             self.opt.step()
             tokens += n
@@ -213,6 +212,12 @@ class DraftTrainer:
         self.calls += 1
         return TrainReport(before, self.loss(rollouts), s.updates, tokens,
                            time.perf_counter() - start)
+
+
+def _weight(examples) -> float:
+    """The summed weight of the examples' response tokens (each of an example's tokens
+    weighs its weight): the denominator of their weighted mean loss."""
+    return sum(float(w) * (len(seq) - start) for seq, start, w in examples)
 
 
 def pieces(batch: list, limit: int) -> list[list]:
