@@ -188,6 +188,11 @@ class SpecConfig:
     # kernels need not repeat bit for bit, so a seeded rerun may draft otherwise, and
     # tensor-parallel ranks (which must draft alike) are refused with it
     draft_device: Literal["cpu", "cuda", "auto"] = "cpu"
+    # at temperature > 0: the draft model's drafts drawn from its distribution q and
+    # verified with q (vLLM's rejection sampler accepts min(1, p/q) and corrects from
+    # max(p - q, 0): lossless, and accepted where q covers p, not only at p's argmax);
+    # false: its argmax, verified as a point mass. Greedy rollouts draft the argmax either way
+    draft_probs: bool = True
 
     def spec_factor(self) -> float:
         """max_spec_factor as `method` applies it: the number set, else the method's

@@ -25,9 +25,11 @@ model is not run that pass and they fall back.
 
 Acceptance estimates: for a tree draft, the calibrated conditional rates of its path
 probabilities (what `CriticalBudget.grant` uses); for a model draft, the model's own
-probability of each drafted token, which matches the one-hot acceptance p_target(d) where
-the model matches the policy (both sources reach vLLM's rejection sampler as point
-masses through the custom proposer, so the same rule prices both).
+probability of its argmax at each step, which matches the one-hot acceptance p_target(d)
+of a greedy draft where the model matches the policy, and is a lower estimate for a
+sampled draft verified with its probabilities (`spec.draft_probs`: accepted with
+sum min(p, q)); each source's estimates are calibrated against its accepted tokens in the
+rollout (`ModelSource`).
 """
 
 from __future__ import annotations

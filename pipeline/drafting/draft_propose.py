@@ -5,6 +5,9 @@
   chooses between draft sources needs to estimate acceptance).
 - `propose_cached` with a `DraftCache`: the same drafts, each request's keys and values
   kept from one pass to the next as far as its context still agrees.
+- `sample_cached`: those drafts drawn from the model's distribution instead of taken at
+  its argmax, seeded per request and position, with the distributions drawn from (what
+  vLLM's rejection sampler verifies them with: `pipeline.drafting.draft_sample`).
 - `expected_accepted`: a draft's expected accepted tokens from those probabilities.
 
 Where the model has a draft vocabulary (`DraftModel.use_draft_vocab`), drafts are its
@@ -18,9 +21,11 @@ from __future__ import annotations
 
 from typing import Callable, Hashable, Sequence
 
+import numpy as np
 import torch
 
 from pipeline.drafting.draft_model import DraftModel, KVCache
+from pipeline.drafting.draft_sample import sample_columns, uniforms
 
 PREFILL_TOKENS = 16384  # new tokens one forward of a draft's batch runs at most (`_prefill`)
 
@@ -56,8 +61,8 @@ def propose(model: DraftModel, contexts: Sequence[Sequence[int]], k: int,
 
     caches = model.new_caches(b, width + k)
     logits = _prefill(model, ids, positions, mask, caches)
-    toks, probs, _ = _greedy_steps(model, logits, positions[:, -1] + 1, valid, caches, k,
-                                   temperature)
+    toks, probs, _, _ = _greedy_steps(model, logits, positions[:, -1] + 1, valid, caches, k,
+                                      temperature)
     return toks, probs
 
 
@@ -88,15 +93,23 @@ def _prefill(model: DraftModel, ids: torch.Tensor, positions: torch.Tensor,
 
 def _greedy_steps(model: DraftModel, logits: torch.Tensor, nxt_pos: torch.Tensor,
                   keys_valid: torch.Tensor, caches: list[KVCache], k: int, temperature: float,
-                  stop_below: float = 0.0):
-    """Up to k greedy tokens per row from the prefill's last logits, one one-token step
+                  stop_below: float = 0.0, draw: Callable[[int], torch.Tensor] | None = None):
+    """Up to k draft tokens per row from the prefill's last logits, one one-token step
     on the KV caches (room for k - 1 more slots) after each but the last: (tokens, each
-    token's probability at `temperature`, the key slots' validity after the steps). Every
-    row gets as many tokens; fewer than k once every row's path probability (the product
-    of its tokens' probabilities) is below `stop_below`, where no row's draft would be
-    kept further."""
+    token's acceptance estimate at `temperature`, the key slots' validity after the steps,
+    the distributions drawn from). Every row gets as many tokens; fewer than k once every
+    row's path probability (the product of its estimates) is below `stop_below`, where no
+    row's draft would be kept further.
+
+    draw None: greedy (the argmax; no distributions: None). draw(step): uniforms [b] in
+    (0, 1), and each token is drawn from q = softmax(logits / temperature) with them
+    (`draft_sample.sample_columns`); the distributions are then a list per step of q
+    [b, V] (over the draft vocabulary where the model has one), what vLLM's rejection
+    sampler must be given with the tokens. The estimate is q's largest probability either
+    way: the one-hot acceptance of the argmax where the model matches the policy, a lower
+    estimate of what a sampled draft verified with q has accepted (sum_x min(p, q))."""
     b, dev = logits.shape[0], logits.device
-    tokens, probs = [], []
+    tokens, probs, dists = [], [], ([] if draw is not None else None)
     inv_t = 1.0 / max(float(temperature), 1e-6)
     vocab = model.draft_ids  # logits' column i is token vocab[i] (None: token i)
     path = torch.ones(b, device=dev)
@@ -104,17 +117,22 @@ def _greedy_steps(model: DraftModel, logits: torch.Tensor, nxt_pos: torch.Tensor
     for step in range(k):
         prob = torch.softmax(logits.float() * inv_t, dim=-1)
         col = logits.argmax(-1)
+        top = prob.gather(1, col[:, None])[:, 0]
+        if draw is not None:
+            col = sample_columns(prob, draw(step))
+            dists.append(prob)
         tok = col if vocab is None else vocab[col]
         tokens.append(tok)
-        probs.append(prob.gather(1, col[:, None])[:, 0])
-        path = path * probs[-1]
+        probs.append(top)
+        path = path * top
         if step == k - 1 or bool((path < stop_below).all()):
             break
         keys_valid = torch.cat((keys_valid, new_slot), dim=1)
         logits = model(tok[:, None], nxt_pos[:, None], keys_valid[:, None, None], caches,
                        draft_vocab=True, last=True)[:, -1]
         nxt_pos = nxt_pos + 1
-    return torch.stack(tokens, 1).tolist(), torch.stack(probs, 1).tolist(), keys_valid
+    return (torch.stack(tokens, 1).tolist(), torch.stack(probs, 1).tolist(), keys_valid,
+            dists)
 
 
 class DraftCache:
@@ -165,9 +183,37 @@ def propose_cached(model: DraftModel, cache: DraftCache, req_ids: Sequence[Hasha
     tokens only, fewer than k, once every row's path probability is below `stop_below`:
     `_greedy_steps`); a context longer than the model's positions allow is recomputed
     whole (its window moved)."""
+    toks, probs, _ = _cached(model, cache, req_ids, contexts, k, temperature, stop_below)
+    return toks, probs
+
+
+@torch.inference_mode()
+def sample_cached(model: DraftModel, cache: DraftCache, req_ids: Sequence[Hashable],
+                  contexts: Sequence[Sequence[int]], k: int, temperature: float,
+                  seeds: Sequence[int], stop_below: float = 0.0
+                  ) -> tuple[list[list[int]], list[list[float]], list[torch.Tensor]]:
+    """`propose_cached`, each token drawn from the model's distribution q at `temperature`
+    instead of its argmax, row j's at absolute position t with `uniforms(seeds[j], t)`
+    (`pipeline.drafting.draft_sample`): the same drafts for the same contexts, seeds and
+    weights, however the rows are batched. Returns the tokens, their estimates and q per
+    step ([b, V] each: row j's first len(tokens[j]) of them are its draft's)."""
+    if len(seeds) != len(contexts):
+        raise ValueError(f"{len(seeds)} seeds for {len(contexts)} contexts")
+    return _cached(model, cache, req_ids, contexts, k, temperature, stop_below, seeds)
+
+
+def _cached(model, cache, req_ids, contexts, k, temperature, stop_below, seeds=None):
+    """(tokens, estimates, distributions or None) of `propose_cached` / `sample_cached`."""
     if k <= 0 or not contexts:
-        return [[] for _ in contexts], [[] for _ in contexts]
+        return [[] for _ in contexts], [[] for _ in contexts], ([] if seeds is not None else None)
     keep = max(1, model.shape.max_positions - k)
+    draw = None
+    if seeds is not None:  # row j's token at step s sits at absolute position len(c_j) + s
+        ends = np.asarray([len(c) for c in contexts], dtype=np.int64)
+        row_seeds = list(seeds)
+
+        def draw(step: int) -> torch.Tensor:
+            return torch.from_numpy(uniforms(row_seeds, ends + step))
     past_len, pasts, news, ctxs = [], [], [], []
     for req, c in zip(req_ids, contexts):
         # (a list as it is: converting thousands of tokens per request and pass one by one
@@ -216,13 +262,13 @@ def propose_cached(model: DraftModel, cache: DraftCache, req_ids: Sequence[Hasha
                 c.v[j, :, P - p:P] = past[i][1]
         c.length = P
     logits = _prefill(model, ids, qpos, mask, caches)
-    toks, probs, keys_valid = _greedy_steps(model, logits, qpos[:, -1] + 1, valid, caches, k,
-                                            temperature, stop_below)
+    toks, probs, keys_valid, dists = _greedy_steps(model, logits, qpos[:, -1] + 1, valid,
+                                                   caches, k, temperature, stop_below, draw)
     for j, req in enumerate(req_ids):
         slots = torch.nonzero(keys_valid[j])[:, 0]  # past, new, then all drafted but the last
         cache._rows[req] = (ctxs[j] + toks[j][:len(toks[j]) - 1],
                             [(c.k[j][:, slots], c.v[j][:, slots]) for c in caches])
-    return toks, probs
+    return toks, probs, dists
 
 
 def expected_accepted(probs: Sequence[float]) -> float:
@@ -235,4 +281,4 @@ def expected_accepted(probs: Sequence[float]) -> float:
     return total
 
 
-__all__ = ["DraftCache", "expected_accepted", "propose", "propose_cached"]
+__all__ = ["DraftCache", "expected_accepted", "propose", "propose_cached", "sample_cached"]

@@ -9,9 +9,13 @@ budget has granted the trees' drafts:
   draft is expected to have within one token of as many tokens accepted as the request
   may draft (the model could add at most one), so that the model's forward is not paid
   where the trees already draft about all there is to draft;
-- the model's greedy draft for them (`propose_cached`, k tokens, at most each one's room),
-  with its probability of each drafted token at the rollout's temperature (at T = 0,
-  at T = 1: how sure it is that its argmax is the policy's);
+- the model's draft for them (k tokens, at most each one's room), with its probability of
+  its argmax at each step at the rollout's temperature (how sure it is that its argmax is
+  the policy's): at T > 0 with `spec.draft_probs` (`sampling`) each token drawn from the
+  model's distribution q with the request's seed (`sample_cached`), and q kept for vLLM's
+  rejection sampler (`take_probs`), which then accepts min(1, p/q) and keeps the output
+  the policy's; otherwise (and always at T = 0) the argmax, verified as a point mass
+  (`propose_cached`);
 - per request, the tree's draft, the model's draft or nothing. Under `spec.budget: tree`
   (every request drafts what its source supports) the model's draft is cut where its path
   probability falls below `spec.min_path_prob`, as the trees cut theirs, and the source
@@ -49,7 +53,8 @@ import torch
 from pipeline.costs import DRAFT_COST
 from pipeline.drafting.choice import MODEL, TREE, ChoiceCosts, Options, SourceDraft, choose
 from pipeline.drafting.draft_model import from_policy, shape_for
-from pipeline.drafting.draft_propose import DraftCache, expected_accepted, propose_cached
+from pipeline.drafting.draft_propose import (DraftCache, expected_accepted, propose_cached,
+                                             sample_cached)
 from pipeline.drafting.draft_train import DraftTrainer, TrainReport, TrainSettings
 
 STATE_NAME = "model-rank-{rank}.safetensors"
@@ -91,12 +96,15 @@ class ModelSource:
     """The draft model, its per-request caches and its choice against the trees."""
 
     def __init__(self, trainer: DraftTrainer, max_len: int, priced: bool = True,
-                 min_path_prob: float = 0.1):
+                 min_path_prob: float = 0.1, sample: bool = False):
         self.trainer = trainer
         self.max_len = int(max_len)
         self.priced = priced
         self.min_path_prob = float(min_path_prob)
         self.temperature = 1.0
+        self.sample = sample  # draw drafts from q and hand q to the verifier (at T > 0)
+        self.sampling = sample  # this rollout's: `sample` at T > 0, never greedy
+        self._probs: dict[int, torch.Tensor] = {}  # the last `choose`'s sampled q by candidate
         self.cache = DraftCache()
         self.stats = ModelStats()
         # this rollout's drafts by source: expected accepted tokens (the source's own
@@ -108,27 +116,50 @@ class ModelSource:
     @classmethod
     def from_policy(cls, policy_dir: str | Path, *, layers: int, settings: TrainSettings,
                     seed: int, max_len: int, priced: bool = True,
-                    min_path_prob: float = 0.1,
+                    min_path_prob: float = 0.1, sample: bool = False,
                     device: torch.device | str = "cpu") -> "ModelSource":
         """The source of a draft started from the policy in `policy_dir`, drafting and
         training on `device`."""
         config, state = policy_state(policy_dir)
         model = from_policy(config, state, shape_for(config, layers=layers), seed=seed)
         model.to(device).eval()
-        return cls(DraftTrainer(model, settings, seed), max_len, priced, min_path_prob)
+        return cls(DraftTrainer(model, settings, seed), max_len, priced, min_path_prob, sample)
 
     # -- a rollout ----------------------------------------------------------------------
     def set_temperature(self, temperature: float) -> None:
-        """The rollout's sampling temperature (its drafts' acceptance estimates use it)."""
+        """The rollout's sampling temperature (its drafts' acceptance estimates use it, and
+        sampled drafts draw at it). At 0 (greedy verification, which ignores draft
+        probabilities) drafts are the argmax."""
         self.temperature = float(temperature) if temperature > 0 else 1.0
+        self.sampling = self.sample and temperature > 0
+
+    @property
+    def vocab_ids(self) -> torch.Tensor | None:
+        """The token id of each column of the distributions `take_probs` returns (None:
+        column i is token i, the whole vocabulary)."""
+        return self.trainer.model.draft_ids
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.trainer.model.shape.vocab_size)
+
+    def take_probs(self) -> dict[int, torch.Tensor]:
+        """The distributions the last `choose`'s model drafts were drawn from, by candidate
+        index: q [tokens drafted, columns] (`vocab_ids`), on the model's device; empty
+        unless `sampling`. Each is handed out once."""
+        probs, self._probs = self._probs, {}
+        return probs
 
     def choose(self, req_ids: Sequence[Hashable], trees: Sequence[tuple[list[int], list[float]]],
                available: Sequence[int], context: Callable[[int], Sequence[int]],
-               remaining: Callable[[Sequence[Hashable]], Sequence[tuple[float, float]]]
-               ) -> list[tuple[str, list[int]]]:
+               remaining: Callable[[Sequence[Hashable]], Sequence[tuple[float, float]]],
+               seed: Callable[[int], int] | None = None) -> list[tuple[str, list[int]]]:
         """(source, tokens) per candidate of one pass. trees[j]: the tokens the budget
         granted candidate j from the trees and their path probabilities; available[j]: the
-        most tokens it may draft; context(j): its tokens so far (prompt and output)."""
+        most tokens it may draft; context(j): its tokens so far (prompt and output);
+        seed(j): its sampling seed, which a sampled draft's randomness derives from
+        (`sampling` needs it; the distributions drawn from: `take_probs`)."""
+        self._probs = {}
         k = self.max_len
         # the model can add at most min(k, room) - E(tree) expected tokens: not run where
         # that is one token or less
@@ -140,9 +171,17 @@ class ModelSource:
             k = min(k, max(available[j] for j in run))
             start = time.perf_counter()
             ids = [req_ids[j] for j in run]
-            toks, probs = propose_cached(self.trainer.model, self.cache, ids,
-                                         [context(j) for j in run], k, self.temperature,
-                                         0.0 if self.priced else self.min_path_prob)
+            stop = 0.0 if self.priced else self.min_path_prob
+            contexts = [context(j) for j in run]
+            if self.sampling:
+                if seed is None:
+                    raise ValueError("sampled drafts need each request's seed")
+                toks, probs, dists = sample_cached(
+                    self.trainer.model, self.cache, ids, contexts, k, self.temperature,
+                    [seed(j) for j in run], stop)
+            else:
+                toks, probs = propose_cached(self.trainer.model, self.cache, ids, contexts, k,
+                                             self.temperature, stop)
             self.stats.seconds += time.perf_counter() - start
             self.stats.passes += 1
             self.stats.ran += len(run)
@@ -161,12 +200,14 @@ class ModelSource:
             else:
                 picks = [self._likelier(_tree_draft(*trees[j]), model)
                          for j, model in zip(run, models)]
-            for model, j, (source, tokens) in zip(models, run, picks):
+            for n, (model, j, (source, tokens)) in enumerate(zip(models, run, picks)):
                 out[j] = (source, list(tokens))
                 if source == MODEL:
                     self.stats.chosen += 1
                     self.stats.drafted += len(tokens)
                     raw[j] = expected_accepted(model.accept[:len(tokens)])
+                    if self.sampling:
+                        self._probs[j] = torch.stack([d[n] for d in dists[:len(tokens)]])
                 elif source == TREE:
                     raw[j] = float(sum(trees[j][1][:len(tokens)]))
         for req, (source, tokens), e in zip(req_ids, out, raw):

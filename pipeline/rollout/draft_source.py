@@ -48,7 +48,7 @@ def draft_model_source(spec: SpecConfig, policy: PolicySource | None, engine_dev
         settings=TrainSettings(updates=spec.draft_updates, window=spec.draft_window,
                                lr=spec.draft_lr, draft_vocab=spec.draft_vocab),
         max_len=PassCaps.from_spec(spec).most, priced=spec.budget != "tree",
-        min_path_prob=spec.min_path_prob,
+        min_path_prob=spec.min_path_prob, sample=spec.draft_probs,
         device=draft_device(spec.draft_device, engine_device))
     source.set_temperature(policy.temperature)
     return source

@@ -1,7 +1,8 @@
 """What the vLLM adapter reads of vLLM's V1 model runner, in one list (part of the adapter).
 
 The adapter reaches past vLLM's public API in three places: the pass meter wraps two
-runner methods (`pipeline.rollout.meter`), the proposer reads the runner's input batch
+runner methods (`pipeline.rollout.meter`), the proposer reads the runner's input batch and
+request states and hands it draft probabilities for the rejection sampler
 (`pipeline.rollout.proposer`) and the weight sync calls `reload_weights`
 (`pipeline.rollout.engine`). Those exist on the V1 model runner
 (`vllm/v1/worker/gpu_model_runner.py`, which the CPU runner subclasses) and not on Model
@@ -27,7 +28,9 @@ SCHEDULER_OUTPUT_FILE = "v1/core/sched/output.py"
 V2_RUNNER_FILE = "v1/worker/gpu/model_runner.py"  # what the adapter must not run on
 
 RUNNER = ("GPUModelRunner", ("execute_model", "propose_draft_token_ids", "get_model",
-                             "reload_weights", "input_batch", "drafter"))
+                             "reload_weights", "input_batch", "drafter", "requests",
+                             "_draft_probs", "_draft_prob_req_ids",
+                             "_get_spec_decode_draft_probs"))
 INPUT_BATCH = ("InputBatch", ("req_ids", "req_id_to_index", "num_prompt_tokens",
                               "token_ids_cpu", "num_tokens_no_spec"))
 SCHEDULER_OUTPUT = ("SchedulerOutput", ("total_num_scheduled_tokens", "num_scheduled_tokens",

@@ -312,5 +312,6 @@ class Drafting:
             m = self.model.reset_stats()
             out.update({"spec_model_rows": m.ran, "spec_model_chosen": m.chosen,
                         "spec_model_drafted_tokens": m.drafted,
-                        "spec_model_accepted_tokens": m.accepted})
+                        "spec_model_accepted_tokens": m.accepted,
+                        "spec_model_sampled_rows": p.sampled})
         return out

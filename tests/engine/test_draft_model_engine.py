@@ -134,6 +134,8 @@ def test_temperature_one_distribution_is_unchanged_with_model_drafts(tiny_model,
     spec = [t for seed in draws for t in _tokens(sample(engine, seed))]
     stats = engine.drafting.stats()
     assert stats["spec_model_chosen"] > 1_000
+    # drawn from the draft's distribution and verified with it (spec.draft_probs)
+    assert stats["spec_model_sampled_rows"] == stats["spec_model_chosen"]
     assert stats["spec_model_accepted_tokens"] > 0.2 * stats["spec_model_drafted_tokens"]
     del engine
     gc.collect()

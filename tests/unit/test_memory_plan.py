@@ -304,6 +304,20 @@ def test_the_7b_plan_holds_the_rejection_samplers_working_set():
     assert items(vllm_method)["rejection sampler"][0] == pytest.approx(sampler_gib(16, 8, True))
     off = build_plan(qwen7b(), load_config(GPU_7B, ["spec.method=none"]), 8, 80.0)
     assert items(off)["rejection sampler"] == (0.0, 0.0)
+    # sampled model drafts: their probabilities, twice (the proposer's and vLLM's copy)
+    model = ["spec.method=history+group+model"]
+    sampled = build_plan(qwen7b(), load_config(GPU_7B, model), 8, 80.0)
+    greedy = build_plan(qwen7b(), load_config(GPU_7B, model + ["spec.draft_probs=false"]),
+                        8, 80.0)
+    t = 512 * 8
+    assert items(sampled)["rejection sampler"][0] - items(greedy)["rejection sampler"][0] == \
+        pytest.approx(2 * 4 * t * QWEN_VOCAB / GIB)
+    assert items(greedy)["rejection sampler"] == items(plan)["rejection sampler"]
+    assert "draft probabilities" in next(i.basis for i in sampled.items
+                                         if i.name == "rejection sampler")
+    # at 80 GB they tip the 7B plan over, and the refusal names the setting
+    assert greedy.fits and not sampled.fits
+    assert any("spec.draft_probs=false" in p for p in sampled.problems)
     # spec.max_draft_rows: only passes of at most 128 requests verify drafts
     capped = build_plan(qwen7b(), load_config(GPU_7B, ["spec.max_draft_rows=128"]), 8, 80.0)
     t = 128 * 8

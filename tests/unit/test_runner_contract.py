@@ -74,7 +74,9 @@ def test_a_runner_without_a_name_is_refused_with_one_line():
     batch = SimpleNamespace(req_ids=[], req_id_to_index={}, num_prompt_tokens=None,
                             token_ids_cpu=None, num_tokens_no_spec=None)
     good = SimpleNamespace(execute_model=1, propose_draft_token_ids=1, get_model=1,
-                           reload_weights=1, input_batch=batch, drafter=None)
+                           reload_weights=1, input_batch=batch, drafter=None, requests={},
+                           _draft_probs=None, _draft_prob_req_ids=None,
+                           _get_spec_decode_draft_probs=1)
     assert rc.missing(good) == []
     bad = SimpleNamespace(**{**vars(good), "input_batch": SimpleNamespace(req_ids=[])})
     del bad.reload_weights
