@@ -10,6 +10,11 @@ drafter is the real one, called as vLLM's runner calls it. The passes counted ar
 ones those drafts would have taken for these very responses: the critical path of every
 step in target passes, the measure that carries over to GPUs, in seconds of CPU.
 
+A draft model's drafts are replayed greedy (`spec.draft_probs: false`): sampled drafts
+verified with their probabilities are accepted by the policy's distribution at each
+position, which a recorded token alone does not decide; the engine measures them
+(`bench spec`).
+
 What it leaves out: the engine's scheduling (every request of a step starts in the first
 pass and runs in every pass until it ends, as in a batch that fits), and `none`'s passes
 are the step's longest response (one token a pass, the first from the prefill).
@@ -154,7 +159,9 @@ class Replayer:
         else:
             from pipeline.rollout.speculation import Drafting
 
-            spec = replace(spec, method=method)
+            # greedy model drafts: a sampled draft verified with its probabilities is
+            # accepted by p, not by the recorded token alone (spec.draft_probs)
+            spec = replace(spec, method=method, draft_probs=False)
             # inline: the same drafts as with the background thread, in a fixed order
             self.drafting = Drafting(simulated_runner(spec, self.batch, max_model_len), spec,
                                      background=False, policy=policy)

@@ -139,3 +139,24 @@ def test_the_command_refuses_what_it_cannot_replay(capsys, tmp_path):
     assert "ngram cannot be replayed" in _cli_error(capsys, tmp_path, "--methods", "ngram")
     assert "unknown method" in _cli_error(capsys, tmp_path, "--methods", "eagle")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]  # nothing written
+
+
+def test_a_draft_model_is_replayed_greedy_whatever_spec_draft_probs_says(monkeypatch):
+    """Sampled drafts verified with their probabilities are accepted by the policy's
+    distribution, which a recorded token alone does not decide: the replay's drafting
+    state is built with spec.draft_probs off (its model drafts the argmax)."""
+    from pipeline.bench import replay as replay_module
+    from pipeline.rollout import speculation
+
+    built = []
+
+    class Drafting:
+        def __init__(self, runner, spec, background=True, policy=None):
+            built.append(spec)
+            self.proposer = None
+
+    monkeypatch.setattr(speculation, "Drafting", Drafting)
+    spec = SpecConfig(method="history+group", num_speculative_tokens=K)
+    assert spec.draft_probs
+    replay_module.Replayer("history+group+model", spec, 8, 200, 200)
+    assert built[0].method == "history+group+model" and built[0].draft_probs is False
