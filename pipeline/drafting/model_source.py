@@ -206,7 +206,7 @@ class ModelSource:
                     self.stats.chosen += 1
                     self.stats.drafted += len(tokens)
                     raw[j] = expected_accepted(model.accept[:len(tokens)])
-                    if self.sampling:
+                    if self.sampling and tokens:
                         self._probs[j] = torch.stack([d[n] for d in dists[:len(tokens)]])
                 elif source == TREE:
                     raw[j] = float(sum(trees[j][1][:len(tokens)]))

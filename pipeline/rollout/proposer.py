@@ -220,11 +220,13 @@ class RhymeProposer:
                     drafted += k
                     if k > stats.longest:
                         stats.longest = k
-        if model is not None and model.sampling:
+        if model is not None and model.sampling:  # (the model's time, as the choice's)
+            handing = time.perf_counter()
             sampled = model.take_probs()
             if sampled:
                 self._hand_probs(out, req_ids, {j if cand_rows is None else cand_rows[j]: q
                                                 for j, q in sampled.items()})
+            choice_s += time.perf_counter() - handing
         granted = time.perf_counter()
         if len(active) > rows or cand_rows is not None:
             seen = set(req_ids)

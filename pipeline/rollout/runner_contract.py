@@ -38,8 +38,10 @@ SCHEDULER_OUTPUT = ("SchedulerOutput", ("total_num_scheduled_tokens", "num_sched
                                         "scheduled_cached_reqs", "finished_req_ids"))
 SOURCES = {RUNNER_FILE: RUNNER, INPUT_BATCH_FILE: INPUT_BATCH,
            SCHEDULER_OUTPUT_FILE: SCHEDULER_OUTPUT}
-# set by the runner only when speculating: in the source, not on every live runner
-ONLY_WHEN_SPECULATING = ("drafter",)
+# set by the runner only when speculating, or read only by a draft model's sampled drafts
+# (`spec.draft_probs`): checked in the source, not on every live runner
+ONLY_WHEN_SPECULATING = ("drafter", "requests", "_draft_probs", "_draft_prob_req_ids",
+                         "_get_spec_decode_draft_probs")
 
 
 def missing(runner: Any) -> list[str]:
