@@ -203,6 +203,12 @@ def drafting_pass(cfg: Config) -> tuple[int, int]:
     return rows, max(full, spec.thin_pass_tokens) if thin else full
 
 
+def _sampled_drafts(cfg: Config) -> bool:
+    """Model drafts verified with their probabilities (spec.draft_probs, at T > 0)."""
+    return bool(method(cfg.spec.method).model and cfg.spec.draft_probs
+                and cfg.rollout.temperature > 0)
+
+
 def _sampler_item(shape: ModelShape, cfg: Config) -> Item:
     """The rejection sampler's working set beyond vLLM's profile of it, GiB.
 
@@ -213,25 +219,19 @@ def _sampler_item(shape: ModelShape, cfg: Config) -> Item:
     logits, the accepted logits and their log-softmax (2 T + 3 (T + B)); and the pass's
     logits in the model's dtype, T + B rows. The profile ran rollout.max_num_seqs = P
     requests with one draft each: 5 P fp32 rows and 2 P logits rows. Sampled model drafts
-    (a draft model's method with spec.draft_probs at temperature > 0) add their draft
-    probabilities, T fp32 rows from the proposer and vLLM's copy of them by request, which
-    its profile never held."""
+    add 2 T: their probabilities and vLLM's copy of them, never profiled."""
     rows, t = drafting_pass(cfg)
     if not t:
         return Item("rejection sampler", 0.0, 0.0, "spec.method none: no drafts to verify")
     profiled = cfg.rollout.max_num_seqs
     checks = cfg.rollout.logprob_check_every > 0
-    probs = (method(cfg.spec.method).model and cfg.spec.draft_probs
-             and cfg.rollout.temperature > 0)
-    fp32_rows = (5 * t + 3 * rows if checks else 3 * t + 2 * rows) + 2 * t * probs \
-        - 5 * profiled
+    probs = _sampled_drafts(cfg)
+    fp32_rows = (5 * t + 3 * rows if checks else 3 * t + 2 * rows) + 2 * t * probs - 5 * profiled
     logits_rows = t + rows - 2 * profiled
     nbytes = 4 * fp32_rows + DTYPE_BYTES[cfg.model.dtype] * logits_rows
     gib = max(0.0, nbytes * shape.vocab / GIB)
     copies = ("5 fp32 copies on log-prob-check steps (rollout.logprob_check_every)" if checks
-              else "3 fp32 copies")
-    if probs:
-        copies += " and 2 of the draft probabilities (spec.draft_probs)"
+              else "3 fp32 copies") + (" and 2 of the draft probabilities" * probs)
     return Item("rejection sampler", gib, 0.0,
                 f"{rows} sequences x {cfg.spec.num_speculative_tokens} draft tokens "
                 f"({t} positions) x vocab {shape.vocab}: {copies} and the pass's "
@@ -336,9 +336,7 @@ def _remedies(plan: MemoryPlan, cfg: Config, phase: str, items: list[Item],
         "reference model": states,
         "vLLM awake": ([f"lower rollout.gpu_memory_utilization to {fitting_util:.2f}"]
                        if fitting_util * device > vllm_weights else []),
-        "rejection sampler": (["set spec.draft_probs=false"]
-                              if method(cfg.spec.method).model and cfg.spec.draft_probs
-                              and cfg.rollout.temperature > 0 else [])
+        "rejection sampler": ["set spec.draft_probs=false"] * _sampled_drafts(cfg)
         + [f"lower spec.num_speculative_tokens (now {cfg.spec.num_speculative_tokens})",
            f"lower rollout.max_num_seqs (now {cfg.rollout.max_num_seqs})"],
         "draft model": ["set spec.draft_device=cpu", "lower rollout.max_tokens"],

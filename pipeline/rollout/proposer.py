@@ -27,7 +27,6 @@ through the `Budget` protocol (`pipeline.drafting.budget_api`): ask, draft, gran
 from __future__ import annotations
 
 import time
-import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Hashable, Sequence
 
@@ -39,6 +38,7 @@ from pipeline.drafting.choice import MODEL, TREE
 from pipeline.drafting.drafter import GroupDrafter
 from pipeline.drafting.suffix_tree import EMPTY_DRAFT
 from pipeline.drafting.pass_caps import PassCaps
+from pipeline.rollout.draft_probs import dense_rows, hand_over, request_seed
 from pipeline.rollout.request_id import caller_id
 
 if TYPE_CHECKING:
@@ -129,18 +129,6 @@ class RhymeProposer:
         history and siblings still apply."""
         self._prompt_lens[request_id] = int(prompt_len)
 
-    def _seed(self, req_id: str) -> int:
-        """The sampling seed of vLLM's request `req_id` (its `SamplingParams.seed`, in the
-        runner's request states): a sampled model draft of it draws from it
-        (`pipeline.drafting.draft_sample`), so that a seeded run drafts the same on a rerun
-        and after a resume. An unseeded request's is a hash of its id (its drafts then vary
-        with the id, as its sampling varies anyway)."""
-        state = self._runner.requests.get(req_id)
-        seed = getattr(getattr(state, "sampling_params", None), "seed", None)
-        if seed is not None:
-            return int(seed)
-        return zlib.crc32(str(caller_id(req_id) if isinstance(req_id, str) else req_id).encode())
-
     def _original_prompt_len(self, req_id: str, n_prompt: int) -> int:
         if not self._prompt_lens:
             return n_prompt
@@ -203,7 +191,7 @@ class RhymeProposer:
                 picks = model.choose(cand_ids, [(d.token_ids[:k], d.probs[:k])
                                                 for d, k in zip(drafts, kept)],
                                      available, context, drafter.remaining,
-                                     lambda j: self._seed(cand_ids[j]))
+                                     lambda j: request_seed(self._runner, cand_ids[j]))
             choice_s = time.perf_counter() - picked
             proposed = self._proposed
             for j, (source, tokens) in enumerate(picks):
@@ -223,9 +211,13 @@ class RhymeProposer:
         if model is not None and model.sampling:  # (the model's time, as the choice's)
             handing = time.perf_counter()
             sampled = model.take_probs()
-            if sampled:
-                self._hand_probs(out, req_ids, {j if cand_rows is None else cand_rows[j]: q
-                                                for j, q in sampled.items()})
+            if sampled:  # q and one-hot rows for vLLM's rejection sampler
+                drafting, dense = dense_rows(
+                    out, {j if cand_rows is None else cand_rows[j]: q for j, q in sampled.items()},
+                    self.vocab_size or model.vocab_size, model.vocab_ids,
+                    getattr(self._runner, "device", None) or "cpu")
+                hand_over(self._runner, req_ids, drafting, dense)
+                stats.sampled += len(sampled)
             choice_s += time.perf_counter() - handing
         granted = time.perf_counter()
         if len(active) > rows or cand_rows is not None:
@@ -245,42 +237,6 @@ class RhymeProposer:
         stats.model_seconds += choice_s
         stats.draft_seconds += drafts_done - allocated
         return out
-
-    def _hand_probs(self, out: list[list[int]], req_ids, sampled: dict[int, torch.Tensor]
-                    ) -> None:
-        """Give vLLM's rejection sampler the draft probabilities of this pass's drafts, as
-        its model runner reads them at the next pass (`_draft_probs` [rows, k, vocab] by
-        `_draft_prob_req_ids`; `vllm/v1/worker/gpu_model_runner.py`,
-        `_get_spec_decode_draft_probs`): q for the rows whose draft was sampled from the
-        model (`sampled`: row -> q [tokens, columns]), a one-hot row per token for every
-        other draft (a tree draft is a point mass: verified with these rows it is accepted
-        and corrected exactly as without probabilities). vLLM falls back to point masses
-        for the whole pass if any drafted request lacks a row (still lossless, as any draft
-        independent of the verifier's random numbers is, but accepted less): every drafted
-        row gets one."""
-        rows = [i for i, toks in enumerate(out) if toks]
-        k = max(len(out[i]) for i in rows)
-        dev = getattr(self._runner, "device", None) or "cpu"
-        vocab = self.vocab_size or self.model.vocab_size
-        dense = torch.zeros(len(rows), k, vocab, dtype=torch.float32, device=dev)
-        cols = self.model.vocab_ids
-        cols = None if cols is None else cols.to(dev)
-        hot_r, hot_t, hot_v = [], [], []
-        for r, i in enumerate(rows):
-            q = sampled.get(i)
-            if q is None:
-                hot_r += [r] * len(out[i])
-                hot_t += range(len(out[i]))
-                hot_v += out[i]
-            elif cols is None:
-                dense[r, :len(q)] = q.to(dev)
-            else:
-                dense[r, :len(q), cols] = q.to(dev)
-        if hot_r:
-            dense[hot_r, hot_t, hot_v] = 1.0
-        self._runner._draft_probs = dense
-        self._runner._draft_prob_req_ids = [req_ids[i] for i in rows]
-        self.stats.sampled += len(sampled)
 
     # -- lifecycle --------------------------------------------------------------------
     def end_step(self) -> None:

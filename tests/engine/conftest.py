@@ -7,6 +7,9 @@ it fail and say what to install).
 
 RHYMECTL_TEST_MODEL_CACHE=DIR builds it in DIR instead and reuses it across sessions:
 `init_model` returns at once when DIR already holds a model built with the same options.
+
+Also `rejection_sampler`: vLLM's rejection-sampler module with the CPU kernels registered
+as the engine registers them (no engine started).
 """
 
 from __future__ import annotations
@@ -83,3 +86,16 @@ def smollm2_model(tmp_path_factory) -> Path:
     except UsageError:  # a conversion of another file or dtype, left in the cache
         import_gguf(source, out, force=True)
     return out
+
+
+@pytest.fixture(scope="module")
+def rejection_sampler():
+    """vLLM's rejection sampler module with the CPU kernels registered as the engine does
+    (skipped off the CPU platform, whose kernels the tests that use it check)."""
+    from vllm.platforms import current_platform
+    if not current_platform.is_cpu():
+        pytest.skip("the CPU kernels are what this checks")
+    current_platform.import_kernels()
+    current_platform.register_triton_kernel_overrides()
+    from vllm.v1.sample import rejection_sampler
+    return rejection_sampler

@@ -10,7 +10,6 @@ handed over (its argmax) is not lossless: the check can fail."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 
 from pipeline.drafting.draft_sample import sample_columns, uniforms
@@ -20,17 +19,6 @@ P = torch.tensor([[0.50, 0.20, 0.15, 0.10, 0.05, 0.00],
                   [0.05, 0.05, 0.10, 0.60, 0.10, 0.10]])  # the target at positions 0, 1
 Q = torch.tensor([[0.10, 0.40, 0.10, 0.10, 0.10, 0.20],
                   [0.30, 0.05, 0.05, 0.40, 0.20, 0.00]])  # the draft's
-
-
-@pytest.fixture(scope="module")
-def rejection_sampler():
-    from vllm.platforms import current_platform
-    if not current_platform.is_cpu():
-        pytest.skip("the CPU kernels are what this checks")
-    current_platform.import_kernels()
-    current_platform.register_triton_kernel_overrides()
-    from vllm.v1.sample import rejection_sampler
-    return rejection_sampler
 
 
 def _metadata(n: int):

@@ -11,18 +11,6 @@ import torch
 from pipeline.rollout import cpu_sampler_fix as fix
 
 
-@pytest.fixture(scope="module")
-def rejection_sampler():
-    """vLLM's rejection sampler module with the CPU kernels registered as the engine does."""
-    from vllm.platforms import current_platform
-    if not current_platform.is_cpu():
-        pytest.skip("the bug lives in the CPU kernels")
-    current_platform.import_kernels()
-    current_platform.register_triton_kernel_overrides()
-    from vllm.v1.sample import rejection_sampler
-    return rejection_sampler
-
-
 def test_installed_kernel_leaves_float_and_int32_outputs_unwritten(rejection_sampler):
     if not fix.is_needed():
         pytest.skip(f"installed vLLM {fix.installed_vllm()} is not the affected release")

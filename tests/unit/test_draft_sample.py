@@ -126,35 +126,21 @@ def test_the_choice_hands_out_the_distributions_of_the_model_drafts_it_picked():
     assert picks[0] == (MODEL, RESPONSE[:4]) and source.take_probs() == {}
 
 
-def _proposer(vocab: int = 10, cols=None):
-    from pipeline.rollout.proposer import RhymeProposer
-
-    cfg = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=8),
-                          model_config=SimpleNamespace(max_model_len=64,
-                                                       get_vocab_size=lambda: vocab))
-    proposer = RhymeProposer(cfg)
-    proposer._runner = SimpleNamespace(device=torch.device("cpu"), _draft_probs=None,
-                                       _draft_prob_req_ids=None, requests={})
-    proposer.model = SimpleNamespace(vocab_ids=cols, vocab_size=vocab)
-    return proposer
-
-
 def test_every_drafted_row_gets_probabilities_one_hot_for_tree_drafts():
-    proposer = _proposer(vocab=10, cols=torch.tensor([1, 4, 6, 9]))
+    from pipeline.rollout.draft_probs import dense_rows, hand_over
+
     q = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.5, 0.5, 0.0, 0.0]])  # over tokens 1, 4, 6, 9
     out = [[3, 3, 7], [], [9, 1], [2]]  # row 2 is the model's draft
-    proposer._hand_probs(out, ["a", "b", "c", "d"], {2: q})
-    dense = proposer._runner._draft_probs
-    assert proposer._runner._draft_prob_req_ids == ["a", "c", "d"]
-    assert dense.shape == (3, 3, 10)
+    rows, dense = dense_rows(out, {2: q}, 10, torch.tensor([1, 4, 6, 9]), "cpu")
+    runner = SimpleNamespace(_draft_probs=None, _draft_prob_req_ids=None)
+    hand_over(runner, ["a", "b", "c", "d"], rows, dense)
+    assert runner._draft_prob_req_ids == ["a", "c", "d"] and runner._draft_probs is dense
+    assert dense.shape == (3, 3, 10) and dense.dtype == torch.float32
     assert dense[0, 0, 3] == dense[0, 1, 3] == dense[0, 2, 7] == 1 and dense[0].sum() == 3
     assert torch.equal(dense[1, :2, [1, 4, 6, 9]], q) and dense[1].sum() == pytest.approx(2)
     assert dense[2, 0, 2] == 1 and dense[2].sum() == 1
-    assert proposer.stats.sampled == 1
     # without a draft vocabulary q's columns are the tokens
-    proposer = _proposer(vocab=4)
-    proposer._hand_probs([[1, 2]], ["a"], {0: q})
-    assert torch.equal(proposer._runner._draft_probs[0], q)
+    assert torch.equal(dense_rows([[1, 2]], {0: q}, 4, None, "cpu")[1][0], q)
 
 
 def test_a_draft_model_of_another_vocabulary_is_refused():
@@ -169,12 +155,55 @@ def test_a_draft_model_of_another_vocabulary_is_refused():
 
 
 def test_a_requests_seed_is_its_sampling_seed_else_a_hash_of_its_id():
-    proposer = _proposer()
-    proposer._runner.requests["0:1-0a1b2c3d"] = SimpleNamespace(
-        sampling_params=SimpleNamespace(seed=1234))
-    proposer._runner.requests["0:2-0a1b2c3d"] = SimpleNamespace(
-        sampling_params=SimpleNamespace(seed=None))
-    assert proposer._seed("0:1-0a1b2c3d") == 1234
-    unseeded = proposer._seed("0:2-0a1b2c3d")
-    assert unseeded == proposer._seed("0:2-ffffffff")  # vLLM's random suffix left out
-    assert unseeded != proposer._seed("0:3-0a1b2c3d")
+    from pipeline.rollout.draft_probs import request_seed
+
+    runner = SimpleNamespace(requests={
+        "0:1-0a1b2c3d": SimpleNamespace(sampling_params=SimpleNamespace(seed=1234)),
+        "0:2-0a1b2c3d": SimpleNamespace(sampling_params=SimpleNamespace(seed=None))})
+    assert request_seed(runner, "0:1-0a1b2c3d") == 1234
+    unseeded = request_seed(runner, "0:2-0a1b2c3d")
+    assert unseeded == request_seed(runner, "0:2-ffffffff")  # vLLM's random suffix left out
+    assert unseeded != request_seed(runner, "0:3-0a1b2c3d")
+
+
+def test_a_proposer_pass_hands_its_sampled_drafts_probabilities_to_the_runner():
+    """The proposer as vLLM calls it, with a sampling draft model beside trees that know
+    nothing: each request's draft is the model's, drawn with its own seed, and the runner
+    holds its q for the next pass; a second run of the same pass draws the same."""
+    from pipeline.drafting.budget_tree import TreeBudget
+    from pipeline.drafting.drafter import GroupDrafter
+    from pipeline.drafting.inputs import DrafterConfig
+    from pipeline.rollout.proposer import RhymeProposer, attach
+    from tests.unit.test_rollout_proposer import FakeBatch, step
+
+    def one_pass():
+        source = _trained_source()
+        source.sample = True
+        source.set_temperature(1.0)
+        cfg = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4),
+                              model_config=SimpleNamespace(max_model_len=64,
+                                                           get_vocab_size=lambda: 24))
+        proposer = RhymeProposer(cfg)
+        batch = FakeBatch(64)
+        seeds = {"0:0-aaaaaaaa": 7, "0:1-aaaaaaaa": 8}
+        runner = SimpleNamespace(
+            input_batch=batch, drafter=proposer, device=torch.device("cpu"),
+            _draft_probs=None, _draft_prob_req_ids=None,
+            requests={r: SimpleNamespace(sampling_params=SimpleNamespace(seed=s))
+                      for r, s in seeds.items()})
+        attach(runner, GroupDrafter(DrafterConfig()), TreeBudget(4), model=source)
+        for r in seeds:
+            batch.add(r, PROMPT)
+        out = step(proposer, batch, {r: [RESPONSE[3]] for r in seeds})  # no tree knows 11
+        return out, runner, proposer
+
+    out, runner, proposer = one_pass()
+    assert all(out) and runner._draft_prob_req_ids == list(runner.requests)
+    dense = runner._draft_probs
+    assert dense.shape == (2, max(map(len, out)), 24)
+    for r, toks in enumerate(out):
+        assert torch.allclose(dense[r, :len(toks)].sum(-1), torch.ones(len(toks)))
+        assert all(dense[r, t, tok] > 0 for t, tok in enumerate(toks))
+    assert proposer.stats.sampled == 2
+    again, runner2, _ = one_pass()
+    assert again == out and torch.equal(runner2._draft_probs, dense)

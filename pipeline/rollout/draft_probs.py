@@ -1,0 +1,73 @@
+"""Draft probabilities for vLLM's rejection sampler (part of the vLLM adapter).
+
+A sampled model draft (`spec.draft_probs`) is verified with the distribution q it was drawn
+from: vLLM accepts a token d with min(1, p(d) / q(d)) and corrects from max(p - q, 0). The
+custom proposer hook returns token ids only, and the model runner clears its draft
+probabilities before it calls a custom proposer; but it reads them at the next pass from
+two attributes (`vllm/v1/worker/gpu_model_runner.py`, `_get_spec_decode_draft_probs`):
+`_draft_probs` [rows, k, vocab] and `_draft_prob_req_ids`, row i being request ids[i]'s.
+`hand_over` sets them after the proposer has chosen. `request_seed` reads the seed a
+request samples with from the runner's request states, which a sampled draft draws from.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any, Sequence
+
+import torch
+
+from pipeline.rollout.request_id import caller_id
+
+
+def request_seed(runner: Any, req_id: str) -> int:
+    """The sampling seed of vLLM's request `req_id` (its `SamplingParams.seed`, in the
+    runner's request states): a sampled model draft of it draws from it
+    (`pipeline.drafting.draft_sample`), so that a seeded run drafts the same on a rerun and
+    after a resume. An unseeded request's is a hash of its id without vLLM's random suffix
+    (its drafts then vary with the id, as its sampling varies anyway)."""
+    state = runner.requests.get(req_id)
+    seed = getattr(getattr(state, "sampling_params", None), "seed", None)
+    if seed is not None:
+        return int(seed)
+    return zlib.crc32(str(caller_id(req_id) if isinstance(req_id, str) else req_id).encode())
+
+
+def dense_rows(out: Sequence[Sequence[int]], sampled: dict[int, torch.Tensor], vocab: int,
+               cols: torch.Tensor | None, device) -> tuple[list[int], torch.Tensor]:
+    """(the rows that draft, their probabilities [those rows, k, vocab] fp32 on `device`).
+
+    out[i]: row i's draft tokens (empty: no draft); sampled: row -> q [tokens, columns] of
+    a draft drawn from q, column c being token cols[c] (cols None: token c). Every other
+    drafted row gets a one-hot row per token: a point mass verified with its one-hot row is
+    accepted and corrected exactly as without probabilities. Every drafted row needs one:
+    if any lacks a row vLLM verifies the whole pass as point masses (still lossless, as any
+    draft independent of the verifier's random numbers is, but accepted less)."""
+    rows = [i for i, toks in enumerate(out) if len(toks)]
+    k = max((len(out[i]) for i in rows), default=0)
+    dense = torch.zeros(len(rows), k, vocab, dtype=torch.float32, device=device)
+    cols = None if cols is None else cols.to(device)
+    hot_r, hot_t, hot_v = [], [], []
+    for r, i in enumerate(rows):
+        q = sampled.get(i)
+        if q is None:
+            hot_r += [r] * len(out[i])
+            hot_t += range(len(out[i]))
+            hot_v += list(out[i])
+        elif cols is None:
+            dense[r, :len(q)] = q.to(device)
+        else:
+            dense[r, :len(q), cols] = q.to(device)
+    if hot_r:
+        dense[hot_r, hot_t, hot_v] = 1.0
+    return rows, dense
+
+
+def hand_over(runner: Any, req_ids: Sequence[str], rows: list[int], dense: torch.Tensor) -> None:
+    """The runner's next pass verifies rows[j]'s draft (request req_ids[rows[j]]) with
+    dense[j]."""
+    runner._draft_probs = dense
+    runner._draft_prob_req_ids = [req_ids[i] for i in rows]
+
+
+__all__ = ["dense_rows", "hand_over", "request_seed"]
