@@ -61,8 +61,8 @@ def propose(model: DraftModel, contexts: Sequence[Sequence[int]], k: int,
 
     caches = model.new_caches(b, width + k)
     logits = _prefill(model, ids, positions, mask, caches)
-    toks, probs, _, _ = _greedy_steps(model, logits, positions[:, -1] + 1, valid, caches, k,
-                                      temperature)
+    toks, probs, _, _ = _draft_steps(model, logits, positions[:, -1] + 1, valid, caches, k,
+                                     temperature)
     return toks, probs
 
 
@@ -91,9 +91,9 @@ def _prefill(model: DraftModel, ids: torch.Tensor, positions: torch.Tensor,
     return torch.cat(out)
 
 
-def _greedy_steps(model: DraftModel, logits: torch.Tensor, nxt_pos: torch.Tensor,
-                  keys_valid: torch.Tensor, caches: list[KVCache], k: int, temperature: float,
-                  stop_below: float = 0.0, draw: Callable[[int], torch.Tensor] | None = None):
+def _draft_steps(model: DraftModel, logits: torch.Tensor, nxt_pos: torch.Tensor,
+                 keys_valid: torch.Tensor, caches: list[KVCache], k: int, temperature: float,
+                 stop_below: float = 0.0, draw: Callable[[int], torch.Tensor] | None = None):
     """Up to k draft tokens per row from the prefill's last logits, one one-token step
     on the KV caches (room for k - 1 more slots) after each but the last: (tokens, each
     token's acceptance estimate at `temperature`, the key slots' validity after the steps,
@@ -181,7 +181,7 @@ def propose_cached(model: DraftModel, cache: DraftCache, req_ids: Sequence[Hasha
     last call as far as its context still agrees with what they were computed for (its
     context then, and the draft tokens after it). The drafts are `propose`'s (their first
     tokens only, fewer than k, once every row's path probability is below `stop_below`:
-    `_greedy_steps`); a context longer than the model's positions allow is recomputed
+    `_draft_steps`); a context longer than the model's positions allow is recomputed
     whole (its window moved)."""
     toks, probs, _ = _cached(model, cache, req_ids, contexts, k, temperature, stop_below)
     return toks, probs
@@ -262,8 +262,8 @@ def _cached(model, cache, req_ids, contexts, k, temperature, stop_below, seeds=N
                 c.v[j, :, P - p:P] = past[i][1]
         c.length = P
     logits = _prefill(model, ids, qpos, mask, caches)
-    toks, probs, keys_valid, dists = _greedy_steps(model, logits, qpos[:, -1] + 1, valid,
-                                                   caches, k, temperature, stop_below, draw)
+    toks, probs, keys_valid, dists = _draft_steps(model, logits, qpos[:, -1] + 1, valid,
+                                                  caches, k, temperature, stop_below, draw)
     for j, req in enumerate(req_ids):
         slots = torch.nonzero(keys_valid[j])[:, 0]  # past, new, then all drafted but the last
         cache._rows[req] = (ctxs[j] + toks[j][:len(toks[j]) - 1],
