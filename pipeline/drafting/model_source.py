@@ -104,7 +104,9 @@ class ModelSource:
         self.temperature = 1.0
         self.sample = sample  # draw drafts from q and hand q to the verifier (at T > 0)
         self.sampling = sample  # this rollout's: `sample` at T > 0, never greedy
-        self._probs: dict[int, torch.Tensor] = {}  # the last `choose`'s sampled q by candidate
+        # the last `choose`'s sampled drafts: candidate -> row of `_dists` [rows, steps, V]
+        self._picked: dict[int, int] = {}
+        self._dists: torch.Tensor | None = None
         self.cache = DraftCache()
         self.stats = ModelStats()
         # this rollout's drafts by source: expected accepted tokens (the source's own
@@ -143,12 +145,14 @@ class ModelSource:
     def vocab_size(self) -> int:
         return int(self.trainer.model.shape.vocab_size)
 
-    def take_probs(self) -> dict[int, torch.Tensor]:
-        """The distributions the last `choose`'s model drafts were drawn from, by candidate
-        index: q [tokens drafted, columns] (`vocab_ids`), on the model's device; empty
-        unless `sampling`. Each is handed out once."""
-        probs, self._probs = self._probs, {}
-        return probs
+    def take_probs(self) -> tuple[dict[int, int], torch.Tensor | None]:
+        """The distributions the last `choose`'s model drafts were drawn from: (candidate
+        index -> its row of Q, Q [rows, steps, columns] (`vocab_ids`) on the model's
+        device); a row's first len(draft) steps are its draft's, later ones were not drawn
+        for it. Empty unless `sampling`; handed out once."""
+        out = (self._picked, self._dists)
+        self._picked, self._dists = {}, None
+        return out
 
     def choose(self, req_ids: Sequence[Hashable], trees: Sequence[tuple[list[int], list[float]]],
                available: Sequence[int], context: Callable[[int], Sequence[int]],
@@ -159,7 +163,7 @@ class ModelSource:
         most tokens it may draft; context(j): its tokens so far (prompt and output);
         seed(j): its sampling seed, which a sampled draft's randomness derives from
         (`sampling` needs it; the distributions drawn from: `take_probs`)."""
-        self._probs = {}
+        self._picked, self._dists = {}, None
         k = self.max_len
         # the model can add at most min(k, room) - E(tree) expected tokens: not run where
         # that is one token or less
@@ -207,9 +211,13 @@ class ModelSource:
                     self.stats.drafted += len(tokens)
                     raw[j] = expected_accepted(model.accept[:len(tokens)])
                     if self.sampling and tokens:
-                        self._probs[j] = torch.stack([d[n] for d in dists[:len(tokens)]])
+                        self._picked[j] = n
                 elif source == TREE:
                     raw[j] = float(sum(trees[j][1][:len(tokens)]))
+            if self._picked:  # the picked rows' distributions, stacked once
+                at = torch.tensor(list(self._picked.values()), device=dists[0].device)
+                self._dists = torch.stack([d[at] for d in dists], 1)
+                self._picked = {j: r for r, j in enumerate(self._picked)}
         for req, (source, tokens), e in zip(req_ids, out, raw):
             if tokens:
                 self._out[req] = (source, e)

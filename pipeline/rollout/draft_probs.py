@@ -33,33 +33,37 @@ def request_seed(runner: Any, req_id: str) -> int:
     return zlib.crc32(str(caller_id(req_id) if isinstance(req_id, str) else req_id).encode())
 
 
-def dense_rows(out: Sequence[Sequence[int]], sampled: dict[int, torch.Tensor], vocab: int,
-               cols: torch.Tensor | None, device) -> tuple[list[int], torch.Tensor]:
+def dense_rows(out: Sequence[Sequence[int]], sampled: dict[int, int], q: torch.Tensor | None,
+               vocab: int, cols: torch.Tensor | None, device) -> tuple[list[int], torch.Tensor]:
     """(the rows that draft, their probabilities [those rows, k, vocab] fp32 on `device`).
 
-    out[i]: row i's draft tokens (empty: no draft); sampled: row -> q [tokens, columns] of
-    a draft drawn from q, column c being token cols[c] (cols None: token c). Every other
-    drafted row gets a one-hot row per token: a point mass verified with its one-hot row is
-    accepted and corrected exactly as without probabilities. Every drafted row needs one:
-    if any lacks a row vLLM verifies the whole pass as point masses (still lossless, as any
-    draft independent of the verifier's random numbers is, but accepted less)."""
-    rows = [i for i, toks in enumerate(out) if len(toks)]
+    out[i]: row i's draft tokens (empty: no draft); sampled: row -> its row of q
+    [rows, steps, columns], the distributions its draft was drawn from (its first
+    len(out[i]) steps; column c is token cols[c], or token c where cols is None). Every
+    other drafted row gets a one-hot row per token: a point mass verified with its one-hot
+    row is accepted and corrected exactly as without probabilities. Every drafted row needs
+    one: if any lacks a row vLLM verifies the whole pass as point masses (still lossless,
+    as any draft independent of the verifier's random numbers is, but accepted less).
+    Entries past a row's draft are never read (vLLM reads row[:its drafts]). The sampled
+    rows come first, written as one block along the vocabulary, the one-hot entries in one
+    scatter: at hundreds of rows over a real vocabulary a row-by-row copy, or one scatter
+    of every entry, cost the host seconds a pass."""
+    # the sampled rows first, so that their block is one view written along the vocabulary
+    rows = list(sampled) + [i for i, toks in enumerate(out) if len(toks) and i not in sampled]
     k = max((len(out[i]) for i in rows), default=0)
     dense = torch.zeros(len(rows), k, vocab, dtype=torch.float32, device=device)
-    cols = None if cols is None else cols.to(device)
-    hot_r, hot_t, hot_v = [], [], []
-    for r, i in enumerate(rows):
-        q = sampled.get(i)
-        if q is None:
-            hot_r += [r] * len(out[i])
-            hot_t += range(len(out[i]))
-            hot_v += list(out[i])
-        elif cols is None:
-            dense[r, :len(q)] = q.to(device)
+    if sampled:
+        src = q[torch.tensor(list(sampled.values()), device=q.device), :k].to(device)
+        block = dense[:len(sampled), :src.shape[1]]
+        if cols is None:
+            block.copy_(src)
         else:
-            dense[r, :len(q), cols] = q.to(device)
-    if hot_r:
-        dense[hot_r, hot_t, hot_v] = 1.0
+            block.index_copy_(2, cols.to(device), src)
+    hot = [(r, t, v) for r, i in enumerate(rows[len(sampled):], len(sampled))
+           for t, v in enumerate(out[i])]
+    if hot:
+        r, t, v = zip(*hot)
+        dense[list(r), list(t), list(v)] = 1.0
     return rows, dense
 
 

@@ -210,11 +210,11 @@ class RhymeProposer:
                         stats.longest = k
         if model is not None and model.sampling:  # (the model's time, as the choice's)
             handing = time.perf_counter()
-            sampled = model.take_probs()
+            sampled, q = model.take_probs()
             if sampled:  # q and one-hot rows for vLLM's rejection sampler
                 drafting, dense = dense_rows(
-                    out, {j if cand_rows is None else cand_rows[j]: q for j, q in sampled.items()},
-                    self.vocab_size or model.vocab_size, model.vocab_ids,
+                    out, {j if cand_rows is None else cand_rows[j]: n for j, n in sampled.items()},
+                    q, self.vocab_size or model.vocab_size, model.vocab_ids,
                     getattr(self._runner, "device", None) or "cpu")
                 hand_over(self._runner, req_ids, drafting, dense)
                 stats.sampled += len(sampled)

@@ -101,46 +101,53 @@ def test_the_choice_hands_out_the_distributions_of_the_model_drafts_it_picked():
     picks = source.choose(["r0", "r1"], trees, [4, 4], lambda j: PROMPT, _remaining,
                           lambda j: 100 + j)
     assert picks[0][0] == MODEL and picks[1][0] == TREE
-    probs = source.take_probs()
-    assert list(probs) == [0] and probs[0].shape == (len(picks[0][1]), 24)
-    assert all(probs[0][t, tok] > 0 for t, tok in enumerate(picks[0][1]))
-    assert source.take_probs() == {}  # handed out once
+    rows, q = source.take_probs()
+    assert rows == {0: 0} and q.shape == (1, 4, 24)
+    assert all(q[0, t, tok] > 0 for t, tok in enumerate(picks[0][1]))
+    assert source.take_probs() == ({}, None)  # handed out once
     # two model rows: each gets its own row's distributions
     contexts = [PROMPT, [3, 4, 5]]
     picks = source.choose(["r2", "r3"], [([], []), ([], [])], [4, 4], lambda j: contexts[j],
                           _remaining, lambda j: 200 + j)
-    probs = source.take_probs()
+    rows, q = source.take_probs()
     for j in (0, 1):
         assert picks[j][0] == MODEL
         toks, _, alone = sample_cached(source.trainer.model, DraftCache(), ["x"], [contexts[j]],
                                        4, 1.0, [200 + j])
         assert toks[0][:len(picks[j][1])] == picks[j][1]
-        assert torch.allclose(probs[j], torch.stack([d[0] for d in alone[:len(picks[j][1])]]),
-                              atol=1e-6)
+        n = len(picks[j][1])
+        assert torch.allclose(q[rows[j], :n], torch.stack([d[0] for d in alone[:n]]), atol=1e-6)
     with pytest.raises(ValueError, match="seed"):
         source.choose(["r0"], trees[:1], [4], lambda j: PROMPT, _remaining)
     # greedy rollouts draft the argmax and hand nothing out
     source.set_temperature(0.0)
     assert not source.sampling
     picks = source.choose(["r0"], trees[:1], [4], lambda j: PROMPT, _remaining)
-    assert picks[0] == (MODEL, RESPONSE[:4]) and source.take_probs() == {}
+    assert picks[0] == (MODEL, RESPONSE[:4]) and source.take_probs() == ({}, None)
 
 
 def test_every_drafted_row_gets_probabilities_one_hot_for_tree_drafts():
     from pipeline.rollout.draft_probs import dense_rows, hand_over
 
     q = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.5, 0.5, 0.0, 0.0]])  # over tokens 1, 4, 6, 9
-    out = [[3, 3, 7], [], [9, 1], [2]]  # row 2 is the model's draft
-    rows, dense = dense_rows(out, {2: q}, 10, torch.tensor([1, 4, 6, 9]), "cpu")
+    other = torch.full((3, 4), 0.25)  # another sampled row's distributions (Q's row 0)
+    out = [[3, 3, 7], [], [9, 1], [2]]  # row 2 is the model's draft: Q's row 1
+    rows, dense = dense_rows(out, {2: 1}, torch.stack([other, torch.cat((q, other[:1]))]), 10,
+                             torch.tensor([1, 4, 6, 9]), "cpu")
     runner = SimpleNamespace(_draft_probs=None, _draft_prob_req_ids=None)
     hand_over(runner, ["a", "b", "c", "d"], rows, dense)
-    assert runner._draft_prob_req_ids == ["a", "c", "d"] and runner._draft_probs is dense
+    # the sampled row first, then the others in order
+    assert runner._draft_prob_req_ids == ["c", "a", "d"] and runner._draft_probs is dense
     assert dense.shape == (3, 3, 10) and dense.dtype == torch.float32
-    assert dense[0, 0, 3] == dense[0, 1, 3] == dense[0, 2, 7] == 1 and dense[0].sum() == 3
-    assert torch.equal(dense[1, :2, [1, 4, 6, 9]], q) and dense[1].sum() == pytest.approx(2)
+    assert torch.equal(dense[0, :2, [1, 4, 6, 9]], q) and dense[0, :2].sum() == pytest.approx(2)
+    assert dense[1, 0, 3] == dense[1, 1, 3] == dense[1, 2, 7] == 1 and dense[1].sum() == 3
     assert dense[2, 0, 2] == 1 and dense[2].sum() == 1
     # without a draft vocabulary q's columns are the tokens
-    assert torch.equal(dense_rows([[1, 2]], {0: q}, 4, None, "cpu")[1][0], q)
+    assert torch.equal(dense_rows([[1, 2]], {0: 0}, q[None], 4, None, "cpu")[1][0], q)
+    # rows sampled in any order land on their own rows
+    rows, dense = dense_rows([[1], [2, 3]], {1: 0, 0: 1}, torch.stack([q, other[:2]]), 4, None,
+                             "cpu")
+    assert rows == [1, 0] and torch.equal(dense[0], q) and torch.equal(dense[1, :1], other[:1])
 
 
 def test_a_draft_model_of_another_vocabulary_is_refused():
