@@ -22,6 +22,7 @@ ties with a right one.
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 import threading
 from decimal import Decimal, InvalidOperation
@@ -29,8 +30,13 @@ from typing import Callable
 
 MAX_RESPONSE_CHARS = 32_000
 FORMAT_CREDIT = 0.1
-# Seconds math-verify may spend parsing or comparing one expression (pathological LaTeX).
+# Seconds math-verify may spend parsing or comparing one expression (pathological LaTeX),
+# then once more with the longer limit: a host busy with the engine and the trainer can
+# take the first limit over math-verify's first parse of a kind (its grammar warms up
+# lazily), and a right answer must not score 0 for the machine's load. An expression that
+# times out both times scores as unparsed and is not cached, so it is tried afresh later.
 VERIFY_TIMEOUT_S = 5
+VERIFY_RETRY_TIMEOUT_S = 30
 
 # ASCII digits only (`\d` would take "٣"); "1,234.5", "-3", ".5" and "12." (sentence end).
 _NUMBER = re.compile(r"-?(?:[0-9][0-9,]*(?:\.[0-9]+)?|\.[0-9]+)")
@@ -122,30 +128,61 @@ def _reference(answer: str) -> str:
     return boxed if boxed is not None else answer.strip()
 
 
-def _timeout() -> int | None:
+def _timeouts() -> tuple[int | None, ...]:
     # math-verify's timeout is signal.alarm, which only the main thread may set.
-    return VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+    if threading.current_thread() is threading.main_thread():
+        return (VERIFY_TIMEOUT_S, VERIFY_RETRY_TIMEOUT_S)
+    return (None,)
 
 
-@functools.lru_cache(maxsize=4096)  # references repeat n times per step
+class _TimedOut(Exception):
+    """Every limit of `_timeouts()` ran out (raised through `_parse_cached`, so not cached)."""
+
+
+def _with_retry(call):
+    """call(timeout) under each limit in turn; math-verify's TimeoutException (a
+    BaseException) moves on to the next, any other error is a wrong answer (None)."""
+    from math_verify.errors import TimeoutException
+
+    for limit in _timeouts():
+        try:
+            return call(limit)
+        except TimeoutException:
+            continue
+        except Exception:  # noqa: BLE001 — malformed LaTeX is a wrong answer, not a crash
+            return None
+    raise _TimedOut
+
+
 def _parse(latex: str) -> tuple:
-    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
-
     try:
-        return tuple(parse(f"\\boxed{{{latex}}}",
-                           extraction_config=[LatexExtractionConfig(), ExprExtractionConfig()],
-                           parsing_timeout=_timeout()))
-    except Exception:  # noqa: BLE001 — malformed LaTeX is a wrong answer, not a crash
+        return _parse_cached(latex)
+    except _TimedOut:
         return ()
 
 
+@functools.lru_cache(maxsize=4096)  # references repeat n times per step
+def _parse_cached(latex: str) -> tuple:
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
+
+    found = _with_retry(lambda limit: parse(
+        f"\\boxed{{{latex}}}", extraction_config=[LatexExtractionConfig(), ExprExtractionConfig()],
+        parsing_timeout=limit, raise_on_error=True))
+    return tuple(found or ())
+
+
 def _verify(gold: tuple, pred: tuple) -> bool:
+    """Any (gold, pred) pair equivalent, as math-verify's `verify` decides over lists; pair by
+    pair so that one pair's error or timeout leaves the others to decide."""
     from math_verify import verify
 
-    try:
-        return bool(verify(list(gold), list(pred), timeout_seconds=_timeout()))
-    except Exception:  # noqa: BLE001
-        return False
+    for g, p in itertools.product(gold, pred):
+        try:
+            if _with_retry(lambda limit: verify(g, p, timeout_seconds=limit, raise_on_error=True)):
+                return True
+        except _TimedOut:
+            continue
+    return False
 
 
 # -- shared ---------------------------------------------------------------------------

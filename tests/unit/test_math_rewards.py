@@ -134,3 +134,46 @@ def test_resolve_reward_builds_the_builtin_math_rewards():
     assert fn("q", "#### 72", GSM[0]["answer"]) == 1.0
     assert fn("q", "#### 1", GSM[0]["answer"]) == mr.FORMAT_CREDIT
     assert resolve_reward("math")("q", "\\boxed{5/6}", MATH[0]["solution"]) == 1.0
+
+
+# -- a loaded host: math-verify's time limit must not turn a right answer into 0 -------------
+
+
+def _slow_first(monkeypatch, name, times_out):
+    """math_verify.NAME raising math-verify's TimeoutException while times_out(limit) says
+    so (as on a host where the first limit runs out), else the real function."""
+    import math_verify
+    from math_verify.errors import TimeoutException
+
+    real = getattr(math_verify, name)
+    limits = []
+
+    def wrapped(*args, **kwargs):
+        limit = kwargs.get("parsing_timeout", kwargs.get("timeout_seconds"))
+        limits.append(limit)
+        if times_out(limit):
+            raise TimeoutException("slow host")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(math_verify, name, wrapped)
+    mr._parse_cached.cache_clear()
+    return limits
+
+
+@pytest.mark.parametrize("name", ["parse", "verify"])
+def test_a_timeout_at_the_first_limit_is_tried_again_with_the_longer_one(monkeypatch, name):
+    limits = _slow_first(monkeypatch, name, lambda limit: limit == mr.VERIFY_TIMEOUT_S)
+    r = MATH[3]
+    assert mr.math_reward(r["problem"], "\\boxed{(2,\\infty)}", r["solution"]) == 1.0
+    assert mr.VERIFY_RETRY_TIMEOUT_S in limits
+    mr._parse_cached.cache_clear()
+
+
+def test_a_reference_that_timed_out_is_not_cached_as_unparsable(monkeypatch):
+    slow = [True]
+    _slow_first(monkeypatch, "parse", lambda limit: slow[0])
+    r = MATH[3]
+    assert mr.math_reward(r["problem"], "\\boxed{(2,\\infty)}", r["solution"]) == 0.0
+    slow[0] = False  # the host is quiet again: the same reference now parses
+    assert mr.math_reward(r["problem"], "\\boxed{(2,\\infty)}", r["solution"]) == 1.0
+    mr._parse_cached.cache_clear()
