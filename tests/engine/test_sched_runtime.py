@@ -75,6 +75,7 @@ def test_the_store_does_not_grow_from_step_to_step(placed):
     assert len(keys) == 4 and len(set(keys)) == 1  # one count after each policy
 
 
+@pytest.mark.slow
 def test_bench_sched_measures_real_workers(tiny_model, tmp_path):
     """`rhymectl bench sched RUN_DIR --workers 2` (no --simulate) on a 2-epoch run: every
     policy but oracle runs on two torchrun ranks; the report carries the simulator's

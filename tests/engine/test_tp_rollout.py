@@ -26,6 +26,7 @@ def strip_eos(ids: list[int], eos: int) -> list[int]:
 STALE_SHM = [Path(f"/dev/shm/-tp:0-[0-1]-cpushm_{rank}") for rank in (0, 1)]
 
 
+@pytest.mark.slow
 def test_one_engine_over_two_ranks(tiny_model, tmp_path):
     """... also after a killed job left its shared-memory segments behind."""
     out = tmp_path / "tp.json"
@@ -122,6 +123,7 @@ def test_grpo_with_tp_groups_and_loggers(tiny_model, tmp_path):
     assert list((run_dir / "wandb").glob("offline-run-*/*.wandb"))
 
 
+@pytest.mark.slow
 def test_scheduling_over_two_tp_groups(tiny_model, tmp_path):
     """4 ranks, T = 2: the placement policies see two workers (engines); greedy responses
     equal one engine's plain rollout token for token although chunks continued on either."""
