@@ -53,7 +53,11 @@ def dense_rows(out: Sequence[Sequence[int]], sampled: dict[int, int], q: torch.T
     k = max((len(out[i]) for i in rows), default=0)
     dense = torch.zeros(len(rows), k, vocab, dtype=torch.float32, device=device)
     if sampled:
-        src = q[torch.tensor(list(sampled.values()), device=q.device), :k].to(device)
+        at = list(sampled.values())
+        # the proposer's q holds the sampled rows in this order already (ModelSource
+        # stacked them once): read it in place rather than gather a copy of it
+        src = (q[:, :k] if at == list(range(len(q)))
+               else q[torch.tensor(at, device=q.device), :k]).to(device)
         block = dense[:len(sampled), :src.shape[1]]
         if cols is None:
             block.copy_(src)
