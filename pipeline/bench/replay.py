@@ -13,7 +13,8 @@ step in target passes, the measure that carries over to GPUs, in seconds of CPU.
 A draft model's drafts are replayed greedy (`spec.draft_probs: false`): sampled drafts
 verified with their probabilities are accepted by the policy's distribution at each
 position, which a recorded token alone does not decide; the engine measures them
-(`bench spec`).
+(`bench spec`). It learns the recorded tokens: a run keeps no record of the policy's
+distribution, from which training distils it (`spec.draft_distill`).
 
 What it leaves out: the engine's scheduling (every request of a step starts in the first
 pass and runs in every pass until it ends, as in a batch that fits), and `none`'s passes

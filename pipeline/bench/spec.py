@@ -224,7 +224,8 @@ def run_method(plan: Plan, method: str, work: list[EpochWork], advance,
                                 replace(sampling(cfg, -1), seed=None, logprobs=logprobs))
         for ew in work:
             engine.update_weights(_policy_tensors(ew.policy_dir), ew.epoch)
-            _learn_history(engine, method, ew.earlier, prompt_ids_of(work))
+            _learn_history(engine, method, ew.earlier, prompt_ids_of(work),
+                           _teacher_of(plan, method))
             for sw in ew.steps:
                 spec = sampling(cfg, sw.step)
                 before = drafting.times() if drafting is not None else None
@@ -249,7 +250,26 @@ def prompt_ids_of(work: list[EpochWork]) -> dict[str, list[int]]:
     return {prompt_hash(ids): ids for ew in work for sw in ew.steps for ids in sw.prompt_ids}
 
 
-def _learn_history(engine, method: str, records: list, prompts: dict[str, list[int]]) -> None:
+def _teacher_of(plan: Plan, method: str) -> Callable[[list, int], list] | None:
+    """Where the draft model of `method` learns the policy's distribution
+    (`spec.draft_distill`, temperature > 0): (rollouts, epoch) -> their `Teacher`s from the
+    policy that began the epoch (the training run's checkpoint; epoch 0: the model it
+    started from). Training's teacher is the policy of each rollout's own step; here only
+    each epoch's first step has its own, the others one up to an epoch older (the run
+    checkpoints once an epoch). None: the draft learns the sampled tokens."""
+    from pipeline.config.methods import method as method_of
+    from pipeline.train.teacher import policy_teachers
+
+    cfg = plan.cfg
+    if not (method_of(method).model and cfg.spec.draft_distill and cfg.rollout.temperature):
+        return None
+    return lambda rollouts, epoch: policy_teachers(
+        plan.checkpoint(epoch) if epoch else Path(cfg.model.path), rollouts,
+        cfg.spec.draft_distill)
+
+
+def _learn_history(engine, method: str, records: list, prompts: dict[str, list[int]],
+                   teacher: Callable[[list, int], list] | None = None) -> None:
     if not records:
         return
     if engine.drafting is not None:
@@ -257,9 +277,13 @@ def _learn_history(engine, method: str, records: list, prompts: dict[str, list[i
             engine.drafting.remember([r for r in records if r.epoch == epoch])
         if engine.drafting.model is not None:  # the draft model learns step by step, too
             for step in sorted({r.step for r in records}):
-                engine.drafting.train_model([(prompts[r.prompt_hash], r.response_ids)
-                                             for r in records
-                                             if r.step == step and r.prompt_hash in prompts])
+                rollouts = [(prompts[r.prompt_hash], r.response_ids) for r in records
+                            if r.step == step and r.prompt_hash in prompts]
+                if teacher is not None:
+                    epoch = min(r.epoch for r in records if r.step == step)
+                    rollouts = [(p, r, t) for (p, r), t in
+                                zip(rollouts, teacher(rollouts, epoch))]
+                engine.drafting.train_model(rollouts)
     elif method == "suffix":
         engine.warm_suffix_cache((prompts.get(r.prompt_hash, []), r.response_ids)
                                  for r in records)

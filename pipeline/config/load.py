@@ -173,7 +173,7 @@ def draft_model_problems(cfg: Config) -> list[str]:
     defaults, out = SpecConfig(), []
     with_model = [n for n, m in REGISTRY.items() if m.model]
     for key in ("draft_layers", "draft_updates", "draft_window", "draft_lr", "draft_vocab",
-                "draft_device", "draft_probs"):
+                "draft_device", "draft_probs", "draft_distill"):
         value = getattr(cfg.spec, key)
         if value != getattr(defaults, key):
             out.append(f"spec.{key} = {value} applies to a draft model "

@@ -193,6 +193,12 @@ class SpecConfig:
     # max(p - q, 0): lossless, and accepted where q covers p, not only at p's argmax);
     # false: its argmax, verified as a point mass. Greedy rollouts draft the argmax either way
     draft_probs: bool = True
+    # at temperature > 0 the draft model learns the policy's distribution, not only the
+    # token sampled at each position: cross-entropy against the policy's draft_distill most
+    # likely tokens there (renormalised), read from the trainer's old-log-prob forward
+    # (pipeline.train.teacher); 0: the sampled tokens. Greedy rollouts learn the sampled
+    # tokens (the policy's argmax) either way
+    draft_distill: int = non_negative(8)
 
     def spec_factor(self) -> float:
         """max_spec_factor as `method` applies it: the number set, else the method's

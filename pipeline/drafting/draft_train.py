@@ -1,14 +1,18 @@
 """Training a `pipeline.drafting.draft_model.DraftModel` online, and its state.
 
-- `DraftTrainer`: one call takes one step's rollouts (prompt ids, response ids) and runs a
-  fixed number of AdamW updates on the response tokens of the last `window` steps'
-  rollouts (this one and those kept from earlier calls), each token weighted by its
-  response's length relative to its step's mean, since the longest responses set the
-  step's critical path. A fixed number of updates, not a time budget, so that the same
-  seed and rollouts give the same weights.
+- `DraftTrainer`: one call takes one step's rollouts (prompt ids, response ids and,
+  where the trainer computed it, the policy's `Teacher`: its k most likely tokens at each
+  response position) and runs a fixed number of AdamW updates on the response tokens of
+  the last `window` steps' rollouts (this one and those kept from earlier calls), each
+  token weighted by its response's length relative to its step's mean, since the longest
+  responses set the step's critical path. A token with a teacher is learnt by
+  cross-entropy against the teacher's k tokens, their probabilities renormalised
+  (distillation: the draft learns the policy's distribution, not one sample of it); one
+  without, against the sampled token. A fixed number of updates, not a time budget, so
+  that the same seed and rollouts give the same weights.
 - `save_state` / `load_state`: weights, optimiser moments, the trainer's counters, its
-  token counts (the draft vocabulary's source) and the rollouts of its window in one
-  safetensors file (no pickle), for checkpoints.
+  token counts (the draft vocabulary's source) and the rollouts of its window with their
+  teachers in one safetensors file (no pickle), for checkpoints.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from torch.utils.checkpoint import checkpoint
 from pipeline import draft_shape
 from pipeline.draft_shape import DRAFT_BATCH
 from pipeline.drafting.draft_model import DraftModel, DraftShape
+from pipeline.train.teacher import Teacher, soft_targets
 
 FORMAT = "rhymectl-draft-model/1"  # the safetensors metadata tag of `save_state`
 
@@ -40,13 +45,15 @@ def _ids(tokens) -> torch.Tensor:
 # -- online training ----------------------------------------------------------------------
 @dataclass(frozen=True)
 class TrainReport:
-    """One `DraftTrainer.train` call: weighted loss on its rollouts before and after."""
+    """One `DraftTrainer.train` call: weighted loss on its rollouts before and after;
+    updates, tokens trained on, seconds, and the call's response tokens with a teacher."""
 
     loss_before: float
     loss_after: float
     updates: int
     tokens: int
     seconds: float
+    taught: int = 0
 
 
 @dataclass(frozen=True)
@@ -86,7 +93,8 @@ class DraftTrainer:
         self.counts = torch.zeros(model.shape.vocab_size, dtype=torch.long, device="cpu")
         # the last `settings.window` calls' rollouts, oldest first: (prompt, response)
         # int32 tensors per rollout (compact: a GPU run's step holds millions of tokens)
-        self.window: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+        # and its `Teacher` (None: learnt from the sampled tokens)
+        self.window: list[list[tuple[torch.Tensor, torch.Tensor, Teacher | None]]] = []
 
     def draft_vocab(self) -> torch.Tensor | None:
         """The settings.draft_vocab most frequent token ids in `counts` (ties: the lower
@@ -97,23 +105,24 @@ class DraftTrainer:
         order = torch.argsort(-self.counts, stable=True)
         return order[:size].sort().values
 
-    def _count(self, rollouts: Sequence[tuple[Sequence[int], Sequence[int]]]) -> None:
-        ids = [int(t) for _, r in rollouts for t in r if 0 <= int(t) < self.counts.numel()]
+    def _count(self, rollouts: Sequence[tuple]) -> None:
+        ids = [int(t) for _, r, *_ in rollouts for t in r if 0 <= int(t) < self.counts.numel()]
         if ids:
             self.counts += torch.bincount(torch.tensor(ids, dtype=torch.long, device="cpu"),
                                           minlength=self.counts.numel())
 
-    def _examples(self, rollouts: Sequence[tuple[Sequence[int], Sequence[int]]]):
-        """(ids, first response position, weight) per rollout with a response; each
-        sequence cut to the model's positions."""
+    def _examples(self, rollouts: Sequence[tuple]):
+        """(ids, first response position, weight, teacher or None) per rollout with a
+        response; each sequence (and its teacher) cut to the model's positions."""
         limit = self.model.shape.max_positions
-        kept = [(_ids(p), _ids(r)) for p, r in rollouts if len(r) and len(p)]
+        kept = [_rollout(x) for x in rollouts if len(x[1]) and len(x[0])]
         if not kept:
             return []
-        mean = sum(len(r) for _, r in kept) / len(kept)
+        mean = sum(len(r) for _, r, _ in kept) / len(kept)
         power = self.settings.length_power
-        return [(torch.cat((p, r))[:limit], len(p), (len(r) / mean) ** power)
-                for p, r in kept if len(p) < limit]
+        return [(torch.cat((p, r))[:limit], len(p), (len(r) / mean) ** power,
+                 None if t is None else t.cut(limit - len(p)))
+                for p, r, t in kept if len(p) < limit]
 
     def _loss(self, batch) -> tuple[torch.Tensor, int]:
         """Weighted mean next-token cross-entropy over the response tokens of `batch`."""
@@ -123,23 +132,28 @@ class DraftTrainer:
     def _loss_sum(self, batch) -> tuple[torch.Tensor, torch.Tensor, int]:
         """The weighted next-token cross-entropy summed over the response tokens of
         `batch`, the sum of their weights, and their count."""
-        width = max(len(ids) for ids, _, _ in batch)
+        width = max(len(ids) for ids, *_ in batch)
         ids = torch.zeros(len(batch), width, dtype=torch.long, device="cpu")
         weight = torch.zeros(len(batch), width - 1, device="cpu")
-        for j, (seq, start, w) in enumerate(batch):
+        for j, (seq, start, w, _) in enumerate(batch):
             ids[j, :len(seq)] = seq
             weight[j, start - 1:len(seq) - 1] = w  # positions that predict response tokens
         # right padding: the causal mask suffices; the LM head (the vocabulary-wide matmul,
         # most of the cost for a real vocabulary) only where a response token is predicted
+        where = weight > 0
+        soft = _soft_targets(batch, ids[:, 1:][where])  # in `where`'s row-major order
         ids, weight = ids.to(self.model.device), weight.to(self.model.device)
         hidden = self.model.hidden(ids[:, :-1])
-        where = weight > 0
-        h, targets, w = hidden[where], ids[:, 1:][where], weight[where]
+        where = where.to(self.model.device)
+        h, w = hidden[where], weight[where]
+        targets = ids[:, 1:][where] if soft is None else \
+            tuple(x.to(self.model.device) for x in soft)
+        loss = self._weighted_ce if soft is None else self._weighted_soft_ce
         chunk = max(1, draft_shape.LOSS_CHUNK_BYTES // (4 * self.model.shape.vocab_size))
         if len(h) <= chunk:
-            total = self._weighted_ce(h, targets, w)
+            total = loss(h, targets, w)
         else:  # each chunk's logits recomputed in the backward pass, never all kept
-            total = sum(checkpoint(self._weighted_ce, h[i:i + chunk], targets[i:i + chunk],
+            total = sum(checkpoint(loss, h[i:i + chunk], _rows(targets, i, i + chunk),
                                    w[i:i + chunk], use_reentrant=False)
                         for i in range(0, len(h), chunk))
         return total, w.sum(), int(where.sum())
@@ -166,7 +180,16 @@ class DraftTrainer:
         ce = F.cross_entropy(self.model.logits(hidden), targets, reduction="none")
         return (ce * weight).sum()
 
-    def loss(self, rollouts: Sequence[tuple[Sequence[int], Sequence[int]]]) -> float:
+    def _weighted_soft_ce(self, hidden: torch.Tensor, targets: tuple[torch.Tensor, torch.Tensor],
+                          weight: torch.Tensor) -> torch.Tensor:
+        """Sum of the weighted cross-entropies against soft targets (token ids [P, k] and
+        their probabilities [P, k]) of final-norm hidden states."""
+        ids, probs = targets
+        logq = torch.log_softmax(self.model.logits(hidden).float(), dim=-1)
+        ce = -(logq.gather(-1, ids) * probs).sum(-1)
+        return (ce * weight).sum()
+
+    def loss(self, rollouts: Sequence[tuple]) -> float:
         """The weighted loss on `rollouts` (no update)."""
         examples = self._examples(rollouts)
         if not examples:
@@ -180,18 +203,19 @@ class DraftTrainer:
                     total, weights = total + float(value) * w, weights + w
         return total / weights
 
-    def train(self, rollouts: Sequence[tuple[Sequence[int], Sequence[int]]]) -> TrainReport:
+    def train(self, rollouts: Sequence[tuple]) -> TrainReport:
         """`settings.updates` AdamW steps on minibatches of `rollouts` (prompt ids,
-        response ids) and the window's earlier steps', reshuffled each pass over them
-        from (seed, calls)."""
+        response ids[, its `Teacher` or None]) and the window's earlier steps',
+        reshuffled each pass over them from (seed, calls)."""
         start = time.perf_counter()
+        step = [_rollout(x) for x in rollouts]
+        taught = sum(len(t) for *_, t in step if t is not None)
         self._count(rollouts)
-        step = [(_ids(p), _ids(r)) for p, r in rollouts]
         self.window = (self.window + [step])[-max(1, self.settings.window):]
         examples = [e for kept in self.window for e in self._examples(kept)]
         if not examples:
             self.model.use_draft_vocab(self.draft_vocab())
-            return TrainReport(float("nan"), float("nan"), 0, 0, 0.0)
+            return TrainReport(float("nan"), float("nan"), 0, 0, 0.0, taught)
         before = self.loss(rollouts)
         gen = torch.Generator(device="cpu").manual_seed(self.seed * 1_000_003 + self.calls)
         s = self.settings
@@ -211,13 +235,57 @@ class DraftTrainer:
         self.model.use_draft_vocab(self.draft_vocab())  # the head's rows as trained
         self.calls += 1
         return TrainReport(before, self.loss(rollouts), s.updates, tokens,
-                           time.perf_counter() - start)
+                           time.perf_counter() - start, taught)
 
 
 def _weight(examples) -> float:
     """The summed weight of the examples' response tokens (each of an example's tokens
     weighs its weight): the denominator of their weighted mean loss."""
-    return sum(float(w) * (len(seq) - start) for seq, start, w in examples)
+    return sum(float(w) * (len(seq) - start) for seq, start, w, _ in examples)
+
+
+def _rollout(x: tuple) -> tuple[torch.Tensor, torch.Tensor, Teacher | None]:
+    """(prompt, response[, teacher]) as int32 tensors and the teacher (None where there is
+    none); ValueError where the teacher does not cover the response token for token."""
+    prompt, response, teacher = (*x, None)[:3]
+    response = _ids(response)
+    if teacher is not None and len(teacher) != len(response):
+        raise ValueError(f"a teacher of {len(teacher)} positions for a response of "
+                         f"{len(response)} tokens")
+    return _ids(prompt), response, teacher
+
+
+def _soft_targets(batch, sampled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Soft targets (token ids [P, k] int64, probabilities [P, k]) of the batch's response
+    positions in order (`sampled`: their sampled tokens, P of them): the teacher's k
+    tokens renormalised where an example has one, the sampled token with probability 1
+    (and k - 1 zeros) where it has none; None where no example has a teacher."""
+    ks = {t.ids.shape[1] for *_, t in batch if t is not None}
+    if not ks:
+        return None
+    if len(ks) > 1:
+        raise ValueError(f"teachers of different k in one batch: {sorted(ks)}")
+    k = ks.pop()
+    parts_ids, parts_p, at = [], [], 0
+    for seq, start, _, t in batch:
+        n = len(seq) - start
+        if t is None:
+            ids = sampled[at:at + n, None].expand(n, k)
+            p = torch.zeros(n, k)
+            p[:, 0] = 1.0
+        else:
+            ids, p = t.ids[:n].long(), soft_targets(t.cut(n))
+        parts_ids.append(ids)
+        parts_p.append(p)
+        at += n
+    return torch.cat(parts_ids), torch.cat(parts_p)
+
+
+def _rows(targets, start: int, stop: int):
+    """Rows start..stop of hard targets [P] or soft ones (ids [P, k], probabilities)."""
+    if isinstance(targets, tuple):
+        return tuple(x[start:stop] for x in targets)
+    return targets[start:stop]
 
 
 def pieces(batch: list, limit: int) -> list[list]:
@@ -258,19 +326,33 @@ def save_state(trainer: DraftTrainer, path: str | Path) -> None:
                 torch.zeros(0, dtype=torch.int32)
             tensors[f"window.{k}.{name}_len"] = torch.tensor([len(x) for x in seqs],
                                                             dtype=torch.int64)
+        taught = [t for *_, t in step if t is not None]
+        if taught:  # which rollouts have a teacher, and theirs in order (rows: responses')
+            tensors[f"window.{k}.taught"] = torch.tensor([t is not None for *_, t in step],
+                                                         dtype=torch.int8)
+            tensors[f"window.{k}.teacher_ids"] = torch.cat([t.ids for t in taught])
+            tensors[f"window.{k}.teacher_logprobs"] = torch.cat([t.logprobs for t in taught])
     meta = {"format": FORMAT, "shape": json.dumps(asdict(trainer.model.shape)),
             "settings": json.dumps(asdict(trainer.settings)), "seed": str(trainer.seed),
             "calls": str(trainer.calls), "window": str(len(trainer.window))}
     save_file(tensors, str(path), metadata=meta)
 
 
-def _window_step(tensors: dict, k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The k-th step of a saved window: its (prompt, response) pairs."""
+def _window_step(tensors: dict, k: int) -> list[tuple[torch.Tensor, torch.Tensor, Teacher | None]]:
+    """The k-th step of a saved window: its (prompt, response, teacher or None) rollouts."""
     parts = []
     for name in ("prompts", "responses"):
         lengths = tensors[f"window.{k}.{name}_len"].tolist()
         parts.append(list(torch.split(tensors[f"window.{k}.{name}"].to(torch.int32), lengths)))
-    return list(zip(*parts))
+    teachers: list[Teacher | None] = [None] * len(parts[1])
+    if f"window.{k}.taught" in tensors:  # a state written before distillation has none
+        taught = [i for i, t in enumerate(tensors[f"window.{k}.taught"].tolist()) if t]
+        lengths = [len(parts[1][i]) for i in taught]
+        ids = torch.split(tensors[f"window.{k}.teacher_ids"], lengths)
+        lps = torch.split(tensors[f"window.{k}.teacher_logprobs"], lengths)
+        for i, a, b in zip(taught, ids, lps):
+            teachers[i] = Teacher(a, b)
+    return list(zip(*parts, teachers))
 
 
 def load_state(path: str | Path, device: torch.device | str = "cpu") -> DraftTrainer:

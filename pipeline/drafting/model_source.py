@@ -289,9 +289,9 @@ class ModelSource:
         return stats
 
     # -- between rollouts ---------------------------------------------------------------
-    def train(self, rollouts: Sequence[tuple[Sequence[int], Sequence[int]]]) -> TrainReport:
-        """The trainer's updates on one step's (prompt ids, response ids); the cache goes
-        (it holds the old weights' keys and values)."""
+    def train(self, rollouts: Sequence[tuple]) -> TrainReport:
+        """The trainer's updates on one step's (prompt ids, response ids[, teacher]); the
+        cache goes (it holds the old weights' keys and values)."""
         self.cache.clear()
         report = self.trainer.train(rollouts)
         self.stats.train_s += report.seconds

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from pipeline import distributed as dist
 from pipeline.faults import fault
 from pipeline.costs import bubble_ratio, tail_s
@@ -50,6 +52,7 @@ def rl_step(ctx: Context, step: int) -> StepResult:
         batch = rollouts.to_batch(group, ctx.encoder.pad_id, cfg.train.adv_estimator)
         # the next step's sampler check compares vLLM with this update's starting weights
         train_metrics = ctx.actor.update(batch, keep_policy=sampling(cfg, step + 1).logprobs)
+        teachers = ctx.actor.take_teachers()  # the draft model's, per row (or none)
     fault("after_train")
     with phases("sync"):  # wakes the engine with the new policy (pipeline.rollout.residency)
         ctx.engine.update_weights(ctx.actor.named_weights(), version + 1)
@@ -72,7 +75,7 @@ def rl_step(ctx: Context, step: int) -> StepResult:
         if ctx.engine.drafting.model is not None:
             with phases("draft_train"):  # the draft model learns this step's responses
                 draft_metrics = ctx.engine.drafting.train_model(
-                    draft_examples(ctx, step, launched, records))
+                    draft_examples(ctx, step, launched, records, teachers))
     metrics = step_metrics(step, epoch, version, records, everything, phases)
     metrics.update(draft_metrics)
     if scheduler:
@@ -133,15 +136,34 @@ def static_rollout(ctx, step: int, params: Sampling) -> tuple[list, RolloutStats
     return [r for r in out if id(r.prompt) in mine], stats
 
 
-def draft_examples(ctx, step: int, launched, records: list) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, response ids) of every rank's records, in their order: what the draft
-    model trains on (the records name prompts by hash; the step's batch gives their ids)."""
+def draft_examples(ctx, step: int, launched, records: list, teachers: list) -> list[tuple]:
+    """(prompt ids, response ids, teacher or None) of every rank's records, in their order:
+    what the draft model trains on (the records name prompts by hash; the step's batch
+    gives their ids). teachers: this rank's, per record of its own (empty: none), which
+    every rank gathers, in rank order as the records are (a collective: every rank calls)."""
     from pipeline.history.store import prompt_hash
 
     prompts = [x.prompt for x in launched] if launched else ctx.prompts.batch(step)
     ids = {prompt_hash(p): p for p in ctx.encoder.encode_many([p.text for p in prompts])}
-    return [(ids[r.prompt_hash], list(r.response_ids)) for r in records
+    taught = gather_teachers(teachers) if ctx.actor.teacher_k else [None] * len(records)
+    if len(taught) != len(records):
+        raise RuntimeError(f"{len(taught)} teachers for {len(records)} rollouts")
+    return [(ids[r.prompt_hash], list(r.response_ids), t) for r, t in zip(records, taught)
             if r.prompt_hash in ids]
+
+
+def gather_teachers(teachers: list) -> list:
+    """Every rank's `Teacher`s, in rank order, each rank's sent as three tensors."""
+    from pipeline.train.teacher import Teacher
+
+    mine = ([len(t) for t in teachers], torch.cat([t.ids for t in teachers]),
+            torch.cat([t.logprobs for t in teachers])) if teachers else ([], None, None)
+    out = []
+    for lengths, ids, lps in dist.all_gather(mine):
+        if lengths:
+            out += [Teacher(a, b) for a, b in zip(torch.split(ids, lengths),
+                                                  torch.split(lps, lengths))]
+    return out
 
 
 def next_prompt_ids(ctx, step: int) -> list[list[int]]:

@@ -101,9 +101,9 @@ class DraftingState(Protocol):
 
     model: object | None  # the draft model beside the trees (`model` methods), else None
 
-    def train_model(self, rollouts: Sequence[tuple[Sequence[int], Sequence[int]]]) -> dict:
-        """Between steps: the draft model learns one step's (prompt ids, response ids);
-        its metrics."""
+    def train_model(self, rollouts: Sequence[tuple]) -> dict:
+        """Between steps: the draft model learns one step's (prompt ids, response ids[,
+        the policy's `pipeline.train.teacher.Teacher` or None]); its metrics."""
 
 
 class RolloutBackend(Protocol):

@@ -274,16 +274,17 @@ class Drafting:
                              "resume it with the spec.method it was written with")
         return loaded
 
-    def train_model(self, rollouts: Sequence[tuple[Sequence[int], Sequence[int]]]) -> dict:
+    def train_model(self, rollouts: Sequence[tuple]) -> dict:
         """Between steps: the draft model's online training on the step's (prompt ids,
-        response ids), every rank's, in the records' order; its metrics ({} without a
-        draft model)."""
+        response ids[, teacher or None]), every rank's, in the records' order; its metrics
+        ({} without a draft model)."""
         if self.model is None:
             return {}
         report = self.model.train(rollouts)
         return {"draft_loss_before": round(report.loss_before, 6),
                 "draft_loss_after": round(report.loss_after, 6),
-                "draft_train_tokens": report.tokens}
+                "draft_train_tokens": report.tokens,
+                "draft_distilled_tokens": report.taught}
 
     def sources(self) -> dict[str, int]:
         """Drafts served by each tree (prompt, own, global) since the engine started."""

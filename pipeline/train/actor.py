@@ -24,7 +24,7 @@ from typing import Any, Iterator
 import torch
 
 from pipeline.config.schema import Config
-from pipeline.train import export, grpo
+from pipeline.train import export, grpo, teacher
 from pipeline.train.batch import Batch
 from pipeline.train.ds_config import deepspeed_config, reference_config
 from pipeline.train.logprobs import shifted_logprobs
@@ -84,6 +84,10 @@ class Actor:
         self.micro = ds_config["train_micro_batch_size_per_gpu"]
         self.temperature = cfg.rollout.temperature or 1.0
         self._previous: list[torch.Tensor] | None = None  # `keep_policy`'s weights, on the host
+        # the draft model's teacher: the policy's teacher_k most likely tokens at every
+        # response position, read from the old-log-prob forward (`take_teachers`)
+        self.teacher_k = teacher_k(cfg)
+        self._teachers: list = []
 
     @classmethod
     def build(cls, cfg: Config, world_size: int) -> "Actor":
@@ -115,9 +119,11 @@ class Actor:
         return cls(cfg, engine, ds_config, ref)
 
     # -- scoring ------------------------------------------------------------------------
-    def _logprobs(self, model, b: Batch) -> torch.Tensor:
+    def _logprobs(self, model, b: Batch, teachers: list | None = None) -> torch.Tensor:
         """[n, L] log-probs of b's tokens under `model` (on the device); columns before the
-        earliest response are 0: their logits are never computed (`logits_to_keep`)."""
+        earliest response are 0: their logits are never computed (`logits_to_keep`).
+        teachers: where given, each row's `pipeline.train.teacher.Teacher` (the policy's
+        `teacher_k` most likely tokens at its response positions) is appended to it."""
         attn = self._attention(b)
         first = max(0, int(b.prompt_lens.min()) - 1)
         kwargs = {}
@@ -126,6 +132,10 @@ class Actor:
         else:
             first = 0
         logits = model(input_ids=b.input_ids, attention_mask=attn, **kwargs).logits
+        if teachers is not None:
+            ids, lps = teacher.top_k(logits, self.teacher_k)
+            teachers.extend(teacher.response_targets(ids, lps, b.prompt_lens, b.total_lens,
+                                                     first))
         return shifted_logprobs(logits, b.input_ids, first, self.temperature)
 
     def _attention(self, b: Batch) -> torch.Tensor:
@@ -134,12 +144,20 @@ class Actor:
         return mask.long().to(self.device)
 
     @torch.no_grad()
-    def score(self, batch: Batch, reference: bool = False) -> list[torch.Tensor]:
+    def score(self, batch: Batch, reference: bool = False,
+              teachers: list | None = None) -> list[torch.Tensor]:
         """Per micro-batch log-probs [n, L] of the current (or reference) policy, on the
-        device; `batch` on the device (see `update`)."""
+        device; `batch` on the device (see `update`). teachers: see `_logprobs`."""
         model = self.ref if reference else self.engine.module
         model.eval()
-        return [self._logprobs(model, batch.rows(s)) for s in self._slices(0, batch.size)]
+        return [self._logprobs(model, batch.rows(s), teachers)
+                for s in self._slices(0, batch.size)]
+
+    def take_teachers(self) -> list:
+        """The last `update`'s `Teacher` per row of its batch, in order (empty where
+        `teacher_k` is 0); handed out once."""
+        out, self._teachers = self._teachers, []
+        return out
 
     # -- the update ---------------------------------------------------------------------
     def update(self, batch: Batch, keep_policy: bool = False) -> dict[str, float]:
@@ -150,7 +168,8 @@ class Actor:
         the step before a sampler-check step."""
         t = self.cfg.train
         batch = batch.to(self.device)
-        old = self.score(batch)
+        self._teachers = []
+        old = self.score(batch, teachers=self._teachers if self.teacher_k else None)
         ref = self.score(batch, reference=True) if self.ref is not None else None
         drift = self.sampler_drift(batch, old)
         staleness = self.sampler_staleness(batch, old)
@@ -325,6 +344,17 @@ class Actor:
         path, _ = self.engine.load_checkpoint(str(directory), tag="ds")
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed state in {directory}")
+
+
+def teacher_k(cfg: Config) -> int:
+    """How many of the policy's most likely tokens the draft model learns at each
+    response position: spec.draft_distill with a draft model at temperature > 0, else 0
+    (no draft model; greedy rollouts, whose sampled token is the policy's argmax)."""
+    from pipeline.config.methods import method
+
+    if not method(cfg.spec.method).model or not cfg.rollout.temperature:
+        return 0
+    return cfg.spec.draft_distill
 
 
 def host_floats(values: dict[str, torch.Tensor]) -> dict[str, float]:

@@ -41,7 +41,7 @@ ARGS = ["data.train_size=8", "data.train_batch_size=4", "train.ppo_mini_batch_si
 COUNTS = ("spec_passes", "spec_critical_passes", "spec_drafted_tokens",
           "spec_accepted_tokens", "spec_tau", "spec_tail_passes", "spec_model_chosen",
           "spec_model_drafted_tokens", "spec_model_accepted_tokens", "draft_loss_after",
-          "spec_history_prompts")
+          "draft_distilled_tokens", "spec_history_prompts")
 
 
 def train(model: Path, run_dir: Path, env_extra: dict | None = None,
@@ -90,6 +90,9 @@ def test_a_slowed_killed_and_resumed_run_is_the_uninterrupted_run_token_for_toke
     assert len(a[0]) == STEPS * 4 * 4 and len(a[1]) == STEPS
     assert sum(c["spec_accepted_tokens"] for c in a[1][2:]) > 0  # steps 3-4 drafted
     assert sum(c["spec_model_accepted_tokens"] for c in a[1][2:]) > 0  # the model too
+    # the draft learnt the policy's distribution at every response token (spec.draft_distill)
+    whole_metrics = [json.loads(x) for x in (whole / "metrics.jsonl").read_text().splitlines()]
+    assert all(m["draft_distilled_tokens"] == m["gen_tokens"] > 0 for m in whole_metrics)
     # steps 3-4 (epoch 1) draft from their prompts' epoch-0 history; step 1 has none
     assert [c["spec_history_prompts"] for c in a[1]][::2] == [0, 4]
 

@@ -74,3 +74,26 @@ def test_no_previous_policy_no_staleness():
     metrics = actor.update(Batch(batch.input_ids, batch.prompt_lens, batch.total_lens,
                                  batch.advantages, torch.zeros(32, 63)))
     assert "sampler_logprob_diff" in metrics and "sampler_staleness" not in metrics
+
+
+def test_the_old_log_prob_forward_hands_the_draft_its_teacher_per_row():
+    """With teacher_k set, `update` keeps, per row in order, the current policy's k most
+    likely tokens at each response position: those of the model's own logits there, read
+    before the update moved the weights; handed out once."""
+    from pipeline.train.teacher import top_k
+
+    actor = cpu_actor()
+    batch = host_batch(n=6)
+    with torch.no_grad():
+        logits = actor.engine.module(input_ids=batch.input_ids).logits  # causal: no padding effect
+    want_ids, want_lps = top_k(logits, 3)
+    assert actor.take_teachers() == []
+    actor.teacher_k = 3
+    actor.update(batch)
+    teachers = actor.take_teachers()
+    assert len(teachers) == batch.size and actor.take_teachers() == []
+    for i, t in enumerate(teachers):
+        p, n = int(batch.prompt_lens[i]), int(batch.total_lens[i])
+        assert len(t) == n - p  # one row per response token
+        assert torch.equal(t.ids, want_ids[i, p - 1:n - 1])
+        assert torch.allclose(t.logprobs.float(), want_lps[i, p - 1:n - 1].float(), atol=1e-2)

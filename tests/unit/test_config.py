@@ -208,6 +208,7 @@ RULES = {
     "spec.min_accept": ("1", "1.0", "a number in [0, 1)"),
     "spec.draft_lr": ("0", "0.0", POSITIVE),
     "spec.draft_vocab": ("-1", "-1", NON_NEGATIVE),
+    "spec.draft_distill": ("-1", "-1", NON_NEGATIVE),
     "run.keep_checkpoints": ("0", "0", POSITIVE),
     "run.eval_every": ("-1", "-1", NON_NEGATIVE),
     "run.eval_n": ("-1", "-1", NON_NEGATIVE),

@@ -127,11 +127,11 @@ def test_online_training_on_a_small_corpus_lowers_its_loss():
 def test_long_responses_weigh_more():
     trainer = _trainer()
     short, long_ = ([1, 3, 2], [3, 0]), ([1, 4, 5, 6, 2], [4, 5, 6, 7, 8, 9, 0])
-    weights = {len(r): w for (_, start, w), (_, r) in
+    weights = {len(r): w for (_, start, w, _), (_, r) in
                zip(trainer._examples([short, long_]), [short, long_])}
     assert weights[7] / weights[2] == pytest.approx(7 / 2)
     flat = DraftTrainer(DraftModel(SMALL), TrainSettings(length_power=0.0))
-    assert {w for _, _, w in flat._examples([short, long_])} == {1.0}
+    assert {w for _, _, w, _ in flat._examples([short, long_])} == {1.0}
 
 
 def test_training_is_deterministic_given_the_seed():
@@ -170,7 +170,7 @@ def test_the_window_keeps_the_last_steps_rollouts_oldest_first():
     steps = [_corpus(s, n=6) for s in (1, 2, 3)]
     for step in steps:
         trainer.train(step)
-    kept = [[(p.tolist(), r.tolist()) for p, r in step] for step in trainer.window]
+    kept = [[(p.tolist(), r.tolist()) for p, r, _ in step] for step in trainer.window]
     assert kept == [[(list(p), list(r)) for p, r in step] for step in steps[1:]]
 
 
@@ -197,8 +197,8 @@ def test_the_window_survives_save_and_load(tmp_path):
     loaded = load_state(path)
     assert len(loaded.window) == 2
     for mine, theirs in zip(trainer.window, loaded.window):
-        assert [(p.tolist(), r.tolist()) for p, r in mine] == \
-            [(p.tolist(), r.tolist()) for p, r in theirs]
+        assert [(p.tolist(), r.tolist()) for p, r, _ in mine] == \
+            [(p.tolist(), r.tolist()) for p, r, _ in theirs]
     trainer.train(_corpus(3))
     loaded.train(_corpus(3))
     for (name, x), (_, y) in zip(trainer.model.state_dict().items(),
@@ -536,7 +536,7 @@ def test_a_minibatch_above_micro_tokens_trains_in_pieces_to_the_same_update(monk
     loss_sum = draft_train.DraftTrainer._loss_sum
 
     def spy(self, batch):
-        held.append(len(batch) * max(len(seq) for seq, _, _ in batch))
+        held.append(len(batch) * max(len(seq) for seq, *_ in batch))
         return loss_sum(self, batch)
     monkeypatch.setattr(draft_train.DraftTrainer, "_loss_sum", spy)
 

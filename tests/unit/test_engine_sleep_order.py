@@ -93,12 +93,17 @@ class CharTokenizer:
 class CountingActor:
     """The trainer's side: each update makes policy `version + 1`."""
 
+    teacher_k = 0  # no draft model to teach
+
     def __init__(self):
         self.version = 0
 
     def update(self, batch, keep_policy: bool = False) -> dict:
         self.version += 1
         return {"loss": 0.0}
+
+    def take_teachers(self) -> list:
+        return []
 
     def named_weights(self):
         yield "w", torch.tensor(float(self.version))
