@@ -252,20 +252,30 @@ def prompt_ids_of(work: list[EpochWork]) -> dict[str, list[int]]:
 
 def _teacher_of(plan: Plan, method: str) -> Callable[[list, int], list] | None:
     """Where the draft model of `method` learns the policy's distribution
-    (`spec.draft_distill`, temperature > 0): (rollouts, epoch) -> their `Teacher`s from the
-    policy that began the epoch (the training run's checkpoint; epoch 0: the model it
-    started from). Training's teacher is the policy of each rollout's own step; here only
-    each epoch's first step has its own, the others one up to an epoch older (the run
-    checkpoints once an epoch). None: the draft learns the sampled tokens."""
+    (`spec.draft_distill`, temperature > 0): (rollouts, step) -> their `Teacher`s.
+    Training's teacher is the policy that sampled them; the bench's run keeps a policy only
+    where an epoch begins (`teacher_epoch`), so the one nearest to it teaches. None: the
+    draft learns the sampled tokens."""
     from pipeline.config.methods import method as method_of
     from pipeline.train.teacher import policy_teachers
 
     cfg = plan.cfg
     if not (method_of(method).model and cfg.spec.draft_distill and cfg.rollout.temperature):
         return None
-    return lambda rollouts, epoch: policy_teachers(
-        plan.checkpoint(epoch) if epoch else Path(cfg.model.path), rollouts,
-        cfg.spec.draft_distill)
+
+    def teach(rollouts: list, step: int) -> list:
+        epoch = teacher_epoch(step, plan.steps_per_epoch)
+        return policy_teachers(plan.checkpoint(epoch) if epoch else Path(cfg.model.path),
+                               rollouts, cfg.spec.draft_distill)
+    return teach
+
+
+def teacher_epoch(step: int, steps_per_epoch: int) -> int:
+    """The epoch whose starting policy is nearest to the one that sampled `step` (policy
+    version `step`; ties: the older): the policy of `step`'s own epoch for its first half,
+    the next epoch's for the rest."""
+    epoch, offset = divmod(step, steps_per_epoch)
+    return epoch + (2 * offset > steps_per_epoch)
 
 
 def _learn_history(engine, method: str, records: list, prompts: dict[str, list[int]],
@@ -280,9 +290,7 @@ def _learn_history(engine, method: str, records: list, prompts: dict[str, list[i
                 rollouts = [(prompts[r.prompt_hash], r.response_ids) for r in records
                             if r.step == step and r.prompt_hash in prompts]
                 if teacher is not None:
-                    epoch = min(r.epoch for r in records if r.step == step)
-                    rollouts = [(p, r, t) for (p, r), t in
-                                zip(rollouts, teacher(rollouts, epoch))]
+                    rollouts = [(p, r, t) for (p, r), t in zip(rollouts, teacher(rollouts, step))]
                 engine.drafting.train_model(rollouts)
     elif method == "suffix":
         engine.warm_suffix_cache((prompts.get(r.prompt_hash, []), r.response_ids)

@@ -202,3 +202,12 @@ def test_the_bench_teaches_only_a_draft_model_at_temperature_above_zero(tmp_path
     assert _teacher_of(plan(temperature=0.0), "history+group+model") is None
     off = Plan(replace(cfg, spec=replace(cfg.spec, draft_distill=0)), tmp_path, 3, 2)
     assert _teacher_of(off, "history+group+model") is None
+
+
+def test_the_bench_teaches_each_step_with_the_nearest_policy_it_kept():
+    from pipeline.bench.spec import teacher_epoch
+
+    # two steps an epoch: each step's own policy or one update older (ties: the older)
+    assert [teacher_epoch(s, 2) for s in range(6)] == [0, 0, 1, 1, 2, 2]
+    # six: at most three updates away
+    assert [teacher_epoch(s, 6) for s in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
