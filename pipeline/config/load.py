@@ -126,6 +126,9 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
     return cfg
 
 
+MAX_DRAFT_DISTILL = 64  # spec.draft_distill's most
+
+
 def cross_checks(cfg: Config) -> list[str]:
     """Constraints between fields."""
     out = []
@@ -151,6 +154,12 @@ def cross_checks(cfg: Config) -> list[str]:
                    f"rank of a tensor-parallel group trains its own draft model, on a GPU not "
                    f"bit for bit alike, and ranks that draft differently hang in their "
                    f"collectives; use spec.draft_device=cpu")
+    if cfg.spec.draft_distill > MAX_DRAFT_DISTILL:
+        out.append(f"spec.draft_distill = {cfg.spec.draft_distill}: the policy's most likely "
+                   f"tokens the draft learns at each response token, at most "
+                   f"{MAX_DRAFT_DISTILL} (each costs 6 bytes a token in the draft's window "
+                   f"and checkpoints; 8, the default, carry nearly all the mass); use 1 to "
+                   f"{MAX_DRAFT_DISTILL}, or 0 for the sampled tokens")
     served_by = method(cfg.spec.method).vllm_method
     if cfg.spec.min_accept and (cfg.spec.budget != "tree" or served_by is not None
                                 or cfg.spec.method == "none"):

@@ -211,3 +211,20 @@ def test_the_bench_teaches_each_step_with_the_nearest_policy_it_kept():
     assert [teacher_epoch(s, 2) for s in range(6)] == [0, 0, 1, 1, 2, 2]
     # six: at most three updates away
     assert [teacher_epoch(s, 6) for s in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_a_teacher_wider_than_the_limit_is_refused_at_load_and_one_within_it_loads():
+    from pipeline.config import ConfigError, load_config
+    from pipeline.config.load import MAX_DRAFT_DISTILL
+
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["spec.method=history+group+model",
+                           f"spec.draft_distill={MAX_DRAFT_DISTILL + 1}"])
+    assert err.value.exit_code == 2
+    assert err.value.problems == [
+        f"spec.draft_distill = {MAX_DRAFT_DISTILL + 1}: the policy's most likely tokens the draft "
+        f"learns at each response token, at most {MAX_DRAFT_DISTILL} (each costs 6 bytes a token "
+        f"in the draft's window and checkpoints; 8, the default, carry nearly all the mass); use "
+        f"1 to {MAX_DRAFT_DISTILL}, or 0 for the sampled tokens"]
+    cfg = load_config(None, ["spec.method=history+group+model", "spec.draft_distill=0"])
+    assert cfg.spec.draft_distill == 0

@@ -28,7 +28,7 @@ LAYERS: dict[str, int] = {
     "pipeline": 1, "pipeline.errors": 1, "pipeline.atomic": 1, "pipeline.config": 1,
     "pipeline.distributed": 1, "pipeline.costs": 1, "pipeline.faults": 1, "pipeline.children": 1,
     "pipeline.tasks": 2, "pipeline.history": 2, "pipeline.drafting": 2, "pipeline.sched": 2,
-    "pipeline.train.grpo": 2,
+    "pipeline.train.grpo": 2, "pipeline.train.teacher": 2,
     "pipeline.rollout": 3, "pipeline.train": 3, "pipeline.policy": 3,
     "pipeline.loop": 4,
     "pipeline.bench": 5, "pipeline.report": 5,
