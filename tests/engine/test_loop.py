@@ -142,14 +142,16 @@ def test_two_ranks_under_torchrun_and_a_sigterm_to_rhymectl_alone_stops_them(tin
     """`rhymectl train --nproc 2`: both ranks' halves of a step persisted once, seer placing
     the batch over both. Then `kill PID` of rhymectl (a process manager's stop) once a
     checkpoint is committed: torchrun and both ranks stop too, the run directory's lock is
-    free for `--resume`, one error line."""
+    free for `--resume`, one error line. Under history+group+model: every rank's draft
+    model learns the policy's distribution at every response token of both ranks (the
+    teachers gathered in the records' order)."""
     from pipeline.loop import lock
     from pipeline.train import checkpoint
 
     run_dir = tmp_path / "ddp"
     cmd = [sys.executable, "-m", "rhymectl", "train", str(REPO / "sample_configs/tiny.yaml"),
            f"model.path={tiny_model}", f"run.dir={run_dir}", *SMALL, "train.total_steps=200",
-           "--nproc", "2"]
+           "spec.method=history+group+model", "--nproc", "2"]
     proc = subprocess.Popen(cmd, cwd=REPO, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
@@ -176,6 +178,7 @@ def test_two_ranks_under_torchrun_and_a_sigterm_to_rhymectl_alone_stops_them(tin
     m = metrics(run_dir)[0]
     assert m["step"] == 1
     assert m["rollout_chunks"] >= 16  # sched.policy auto: seer placed the batch over both ranks
+    assert m["draft_distilled_tokens"] == m["gen_tokens"] > 0
     # the cost model the next step places with, measured on both ranks' passes (one step
     # of tiny passes may not determine base and per-token cost: then the default's stay)
     assert m["sched_pass_base_ms"] > 0 and m["sched_pass_per_token_ms"] > 0 and m["sched_tau"] >= 1.0
