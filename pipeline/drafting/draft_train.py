@@ -348,8 +348,12 @@ def _window_step(tensors: dict, k: int) -> list[tuple[torch.Tensor, torch.Tensor
     if f"window.{k}.taught" in tensors:  # a state written before distillation has none
         taught = [i for i, t in enumerate(tensors[f"window.{k}.taught"].tolist()) if t]
         lengths = [len(parts[1][i]) for i in taught]
-        ids = torch.split(tensors[f"window.{k}.teacher_ids"], lengths)
-        lps = torch.split(tensors[f"window.{k}.teacher_logprobs"], lengths)
+        all_ids = tensors[f"window.{k}.teacher_ids"]
+        all_lps = tensors[f"window.{k}.teacher_logprobs"]
+        if len(taught) > len(parts[1]) or sum(lengths) != len(all_ids) \
+                or all_ids.shape != all_lps.shape:
+            raise ValueError(f"window step {k}: its teachers do not cover its responses")
+        ids, lps = torch.split(all_ids, lengths), torch.split(all_lps, lengths)
         for i, a, b in zip(taught, ids, lps):
             teachers[i] = Teacher(a, b)
     return list(zip(*parts, teachers))

@@ -228,3 +228,20 @@ def test_a_teacher_wider_than_the_limit_is_refused_at_load_and_one_within_it_loa
         f"1 to {MAX_DRAFT_DISTILL}, or 0 for the sampled tokens"]
     cfg = load_config(None, ["spec.method=history+group+model", "spec.draft_distill=0"])
     assert cfg.spec.draft_distill == 0
+
+
+def test_a_state_whose_teachers_do_not_cover_its_responses_is_refused(tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    trainer = _distil_trainer(0)
+    trainer.train(_sampled(_bigram(), 4, 1))
+    path = tmp_path / "draft.safetensors"
+    save_state(trainer, path)
+    with safe_open(str(path), framework="pt") as f:
+        meta, tensors = dict(f.metadata()), {k: f.get_tensor(k) for k in f.keys()}
+    for name in ("window.0.teacher_ids", "window.0.teacher_logprobs"):
+        tensors[name] = tensors[name][:-1].contiguous()
+    save_file(tensors, str(path), metadata=meta)
+    with pytest.raises(ValueError, match="teachers do not cover"):
+        load_state(path)
