@@ -300,7 +300,7 @@ class ModelSource:
     def save(self, folder: Path, rank: int) -> Path:
         """The trainer's state into FOLDER (atomically)."""
         from pipeline.atomic import write_atomic
-        from pipeline.drafting.draft_train import save_state
+        from pipeline.drafting.draft_state import save_state
 
         path = Path(folder) / STATE_NAME.format(rank=rank)
         return write_atomic(path, lambda tmp: save_state(self.trainer, tmp))
@@ -308,7 +308,7 @@ class ModelSource:
     def load(self, folder: Path, rank: int) -> bool:
         """The state `save` left in FOLDER (False when it holds none); ValueError when it
         is not a draft model's state or not this model's shape."""
-        from pipeline.drafting.draft_train import load_state
+        from pipeline.drafting.draft_state import load_state
 
         path = Path(folder) / STATE_NAME.format(rank=rank)
         if not path.is_file():

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from pipeline.drafting.draft_model import DraftModel
-from pipeline.drafting.draft_train import DraftTrainer, TrainSettings, load_state, save_state
+from pipeline.drafting.draft_state import load_state, save_state
+from pipeline.drafting.draft_train import DraftTrainer, TrainSettings
 from pipeline.train.teacher import Teacher, response_targets, soft_targets, top_k
 from tests.unit.test_draft_model import SMALL, _corpus, one_thread  # noqa: F401
 

@@ -13,7 +13,8 @@ import torch
 from pipeline.drafting.draft_model import (DraftModel, DraftShape, from_policy,
                                            policy_parameters, shape_for)
 from pipeline.drafting.draft_propose import expected_accepted, propose
-from pipeline.drafting.draft_train import DraftTrainer, TrainSettings, load_state, save_state
+from pipeline.drafting.draft_state import load_state, save_state
+from pipeline.drafting.draft_train import DraftTrainer, TrainSettings
 
 # The tiny default policy's Hugging Face config (`rhymectl init-model`): 4 layers of 128.
 TINY_POLICY = {"vocab_size": 101, "hidden_size": 128, "num_hidden_layers": 4,
