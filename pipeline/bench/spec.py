@@ -256,11 +256,10 @@ def _teacher_of(plan: Plan, method: str) -> Callable[[list, int], list] | None:
     Training's teacher is the policy that sampled them; the bench's run keeps a policy only
     where an epoch begins (`teacher_epoch`), so the one nearest to it teaches. None: the
     draft learns the sampled tokens."""
-    from pipeline.config.methods import method as method_of
-    from pipeline.train.teacher import policy_teachers
+    from pipeline.train.teacher import policy_teachers, teacher_k
 
     cfg = plan.cfg
-    if not (method_of(method).model and cfg.spec.draft_distill and cfg.rollout.temperature):
+    if not teacher_k(cfg, method):
         return None
 
     def teach(rollouts: list, step: int) -> list:

@@ -86,7 +86,7 @@ class Actor:
         self._previous: list[torch.Tensor] | None = None  # `keep_policy`'s weights, on the host
         # the draft model's teacher: the policy's teacher_k most likely tokens at every
         # response position, read from the old-log-prob forward (`take_teachers`)
-        self.teacher_k = teacher_k(cfg)
+        self.teacher_k = teacher.teacher_k(cfg)
         self._teachers: list = []
 
     @classmethod
@@ -344,17 +344,6 @@ class Actor:
         path, _ = self.engine.load_checkpoint(str(directory), tag="ds")
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed state in {directory}")
-
-
-def teacher_k(cfg: Config) -> int:
-    """How many of the policy's most likely tokens the draft model learns at each
-    response position: spec.draft_distill with a draft model at temperature > 0, else 0
-    (no draft model; greedy rollouts, whose sampled token is the policy's argmax)."""
-    from pipeline.config.methods import method
-
-    if not method(cfg.spec.method).model or not cfg.rollout.temperature:
-        return 0
-    return cfg.spec.draft_distill
 
 
 def host_floats(values: dict[str, torch.Tensor]) -> dict[str, float]:

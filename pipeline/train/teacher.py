@@ -45,6 +45,18 @@ class Teacher:
         return Teacher(self.ids[:length], self.logprobs[:length])
 
 
+def teacher_k(cfg, method_name: str | None = None) -> int:
+    """How many of the policy's most likely tokens the draft model of `method_name` (the
+    config's spec.method when None) learns at each response position: spec.draft_distill
+    with a draft model at temperature > 0, else 0 (no draft model; greedy rollouts, whose
+    sampled token is the policy's argmax)."""
+    from pipeline.config.methods import method
+
+    if not method(method_name or cfg.spec.method).model or not cfg.rollout.temperature:
+        return 0
+    return cfg.spec.draft_distill
+
+
 def top_k(logits: Tensor, k: int, chunk_bytes: int = CHUNK_BYTES) -> tuple[Tensor, Tensor]:
     """The k most likely tokens of each position of `logits` [..., V] and their
     log-probabilities at temperature 1: (ids int32 [..., k], logprobs float16 [..., k]), on
@@ -110,4 +122,5 @@ def policy_teachers(policy_dir, rollouts, k: int, rows: int = 4) -> list[Teacher
     return out
 
 
-__all__ = ["Teacher", "policy_teachers", "response_targets", "soft_targets", "top_k"]
+__all__ = ["Teacher", "policy_teachers", "response_targets", "soft_targets", "teacher_k",
+           "top_k"]
