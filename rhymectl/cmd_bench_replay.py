@@ -105,12 +105,12 @@ def _render(result: dict) -> None:
                         f"{result['sequences_per_step']:g} sequences a step")
     cols = {"passes": "passes", "critical_passes": "step", "tail_passes": "tail",
             "critical_tau": "crit tau", "tau": "tau", "accept_rate": "accept",
-            "vs_suffix": "/suffix", "critical_vs_suffix": "step/suffix"}
+            "vs_suffix": "× suffix", "critical_vs_suffix": "step × suffix"}
     table.add_column("method")
     for head in cols.values():
         table.add_column(head, justify="right")
     table.caption = ("passes: summed steps; step: the median step's critical path; tail: its "
-                     "passes with < 25 % of requests running; /suffix: passes over suffix's")
+                     "passes with < 25 % of requests running; × suffix: passes over suffix's")
     for name, r in result["methods"].items():
         table.add_row(name, *("" if r.get(c) is None else f"{r[c]:.4g}" for c in cols))
     out.print(table)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.metadata as metadata
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -106,7 +107,7 @@ def import_deepspeed_with_only(distributions: set[str]) -> subprocess.CompletedP
                      if {canonicalize_name(d) for d in dists} & distributions)
     return subprocess.run([sys.executable, "-c", HIDDEN_IMPORT, json.dumps(modules)],
                           capture_output=True, text=True, timeout=300, cwd="/",
-                          env={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": "",
+                          env={"PATH": os.defpath, "CUDA_VISIBLE_DEVICES": "",
                                "DS_ACCELERATOR": "cpu"})
 
 

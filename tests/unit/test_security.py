@@ -5,6 +5,7 @@ ids never become paths, JSON only in the coordination store."""
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +27,7 @@ def _sources(*roots: str):
 def rhymectl(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "rhymectl", *args], capture_output=True,
                           text=True, cwd=cwd, timeout=120, env={"PYTHONPATH": str(REPO),
-                                                               "PATH": "/usr/bin:/bin"})
+                                                               "PATH": os.defpath})
 
 
 def test_yaml_object_tags_are_refused(tmp_path):
