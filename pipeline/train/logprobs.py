@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import torch
 
+# one chunk's fp32 working set, the same for the teacher's top-k over the same logits
+from pipeline.train.teacher import CHUNK_BYTES
+
 Tensor = torch.Tensor
-CHUNK_BYTES = 1 << 28  # fp32 working set of one chunk (256 MiB)
 
 
 class _SelectedLogProbs(torch.autograd.Function):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 Tensor = torch.Tensor
-CHUNK_BYTES = 1 << 28  # fp32 working set of one chunk (256 MiB), as `pipeline.train.logprobs`
+CHUNK_BYTES = 1 << 28  # fp32 working set of one chunk of logits (256 MiB); `pipeline.train.logprobs` too
 
 
 @dataclass(frozen=True)
