@@ -24,7 +24,7 @@ from typing import Any, Iterator
 import torch
 
 from pipeline.config.schema import Config
-from pipeline.train import export, grpo, teacher
+from pipeline.train import export, grpo, sampler_check, teacher
 from pipeline.train.batch import Batch
 from pipeline.train.ds_config import deepspeed_config, reference_config
 from pipeline.train.logprobs import shifted_logprobs
@@ -200,54 +200,20 @@ class Actor:
         samples from exactly the weights being trained (a broken weight sync shows here)."""
         if batch.sampler_logprobs is None or self.cfg.rollout.temperature != 1.0:
             return None
-        total, count = None, 0
-        for s, lp in zip(self._slices(0, batch.size), old):
-            b = batch.rows(s)
-            mask = self._mask(b)
-            diff = (lp - b.sampler_logprobs).abs()
-            part = torch.where(mask, diff, torch.zeros_like(diff)).sum()  # no sync, unlike [mask]
-            total = part if total is None else total + part
-            count += int(self._host_mask(b).sum())
-        return total / max(1, count)
+        return sampler_check.drift(self._rows(batch), old, self._mask_and_count)
 
     def sampler_staleness(self, batch: Batch, fresh: list[torch.Tensor]) -> dict[str, float]:
         """Whether vLLM sampled from the weights being trained or from the previous step's
-        (a weight push that did not arrive), when `keep_policy` kept the previous ones.
-
-        In bf16, vLLM's kernels and the trainer's differ by about 1e-2 in mean |log p| with
-        the right weights, more than one optimiser step moves them, so no threshold on
-        `sampler_logprob_diff` tells the two apart. The previous policy's log-probs p of the
-        same tokens do: with vLLM's v and the current policy's f,
-
-            staleness = sum (v - f)(p - f) / sum (p - f)^2    over response tokens
-
-        is v's share of the step from f back to p: about 0 when vLLM holds the trained
-        weights (kernel noise is not correlated with the step), about 1 when it holds the
-        previous ones; above 0.5 vLLM is closer to the previous policy than to the current
-        one (in squared error). Returns {} when there is nothing to compare."""
+        (a weight push that did not arrive), when `keep_policy` kept the previous ones
+        (`pipeline.train.sampler_check.staleness`). Returns {} when there is nothing to
+        compare."""
         previous, self._previous = self._previous, None
         if previous is None or batch.sampler_logprobs is None or self.cfg.rollout.temperature != 1.0:
             return {}
         with self._weights_of(previous):
             stale = self.score(batch)
-        sums = {"cross": 0.0, "step": 0.0, "far": 0.0, "moved": 0.0}
-        count = 0
-        for s, f, p in zip(self._slices(0, batch.size), fresh, stale):
-            b = batch.rows(s)
-            mask = self._mask(b)
-            v = b.sampler_logprobs
-            zero = torch.zeros_like(f)
-            sums["cross"] += torch.where(mask, (v - f) * (p - f), zero).sum()
-            sums["step"] += torch.where(mask, (p - f) ** 2, zero).sum()
-            sums["far"] += torch.where(mask, (v - p).abs(), zero).sum()
-            sums["moved"] += torch.where(mask, (p - f).abs(), zero).sum()
-            count += int(self._host_mask(b).sum())
-        got = host_floats({k: torch.as_tensor(v, dtype=torch.float64) for k, v in sums.items()})
-        out = {"sampler_logprob_diff_previous": got["far"] / max(1, count),
-               "sampler_policy_step": got["moved"] / max(1, count)}
-        if got["step"] > 0:
-            out["sampler_staleness"] = got["cross"] / got["step"]
-        return out
+        return sampler_check.staleness(self._rows(batch), fresh, stale, self._mask_and_count,
+                                       host_floats)
 
     def _local_tensors(self) -> list[torch.Tensor]:
         """What this rank holds of each policy parameter: its ZeRO-3 partition, else the
@@ -302,6 +268,14 @@ class Actor:
 
     def _mask(self, b: Batch) -> torch.Tensor:
         return self._host_mask(b).to(self.device)
+
+    def _mask_and_count(self, b: Batch) -> tuple[torch.Tensor, int]:
+        host = self._host_mask(b)
+        return host.to(self.device), int(host.sum())
+
+    def _rows(self, batch: Batch) -> list[Batch]:
+        """`batch`'s micro-batches, in `score`'s order."""
+        return [batch.rows(s) for s in self._slices(0, batch.size)]
 
     def _slices(self, start: int, stop: int) -> list[slice]:
         return [slice(i, min(i + self.micro, stop)) for i in range(start, stop, self.micro)]
