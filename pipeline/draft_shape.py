@@ -138,5 +138,14 @@ def draft_memory(shape: "ModelShape", cfg: "Config") -> tuple[int, int, str] | N
             f"gradient")
 
 
+def sampled_drafts(cfg: "Config") -> bool:
+    """Model drafts verified with their probabilities (spec.draft_probs, at T > 0): the
+    rejection sampler then holds their distributions too."""
+    from pipeline.config.methods import method
+
+    return bool(method(cfg.spec.method).model and cfg.spec.draft_probs
+                and cfg.rollout.temperature > 0)
+
+
 __all__ = ["DRAFT_BATCH", "DraftShape", "LOSS_CHUNK_BYTES", "MICRO_TOKENS", "draft_memory",
-           "policy_parameters", "shape_for"]
+           "policy_parameters", "sampled_drafts", "shape_for"]

@@ -1,7 +1,8 @@
 """The per-GPU memory plan of one rank: a vLLM engine and a DeepSpeed trainer in one process.
 
 Pure arithmetic on the model's config.json, the resolved Config, the world size and the
-device size; no GPU, no weights. Sizes are GiB (2**30 bytes) per GPU. A step has two phases:
+device size; no GPU, no weights. Why a plan does not fit, and what to change:
+`pipeline.memory_fit`. Sizes are GiB (2**30 bytes) per GPU. A step has two phases:
 
   rollout  vLLM generates while awake; the trainer's states stay on the GPU (no offload).
   train    vLLM sleeps (level 2); the trainer runs one micro-batch forward and backward,
@@ -32,15 +33,16 @@ for the optimizer step (4 more, during the step only).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from typing import Optional
 
 from pipeline.config.methods import method
 from pipeline.config.schema import Config
-from pipeline.draft_shape import draft_memory
+from pipeline.draft_shape import draft_memory, sampled_drafts
+from pipeline.memory_fit import problems
+from pipeline.memory_types import GIB, Item, MemoryPlan
 from pipeline.model_shape import ModelShape
 
-GIB = 2 ** 30
 # Allowances, not derived: CUDA context + cuBLAS workspace + NCCL communicators (about half
 # a GiB each on H100-class GPUs), and vLLM's CUDA graph pool for a 7B-class model (vLLM logs
 # 0.3-1.5 GiB; 0 with enforce_eager).
@@ -52,58 +54,6 @@ REDUCE_BUCKET = 500_000_000  # zero_optimization.reduce_bucket_size
 PREFETCH_BUCKET = 50_000_000  # zero_optimization.stage3_prefetch_bucket_size
 COUNTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
-@dataclass(frozen=True)
-class Item:
-    """One holder of GPU memory, GiB per GPU in each phase (None: unknown without a device size)."""
-
-    name: str
-    rollout: Optional[float]
-    train: float
-    basis: str
-
-
-@dataclass(frozen=True)
-class MemoryPlan:
-    items: tuple[Item, ...]
-    device_gib: Optional[float]  # None: no GPU to check against (a CPU run)
-    device: str  # where the size came from
-    world_size: int
-    params: int
-    largest_layer: int
-    micro_batch: int  # sequences per forward/backward (an upper bound of the actor's)
-    seq_len: int  # tokens per sequence, at most
-    model_states_gib: float  # weights + gradients + optimizer states, train phase
-    deepspeed: Optional[tuple[float, str]]  # DeepSpeed's own figure for the same, and its source
-    problems: tuple[str, ...]  # why it cannot fit (empty: fits, or no device)
-    vllm_fraction: float  # of the device, vLLM's while awake
-    notes: tuple[str, ...] = ()
-
-    def peak(self, phase: str) -> Optional[float]:
-        values = [getattr(item, phase) for item in self.items]
-        return None if None in values else sum(values)
-
-    @property
-    def peak_phase(self) -> tuple[str, Optional[float]]:
-        """The phase with the larger peak (train when the rollout's is unknown)."""
-        rollout, train = self.peak("rollout"), self.peak("train")
-        return ("rollout", rollout) if rollout is not None and rollout > train else ("train", train)
-
-    @property
-    def fits(self) -> Optional[bool]:
-        return None if self.device_gib is None else not self.problems
-
-    def to_dict(self) -> dict:
-        phase, peak = self.peak_phase
-        out = asdict(self)
-        out["items"] = [{"name": i.name, "rollout_gib": i.rollout, "train_gib": i.train,
-                         "basis": i.basis} for i in self.items]
-        out["deepspeed"] = (None if self.deepspeed is None else
-                            {"gib": self.deepspeed[0], "source": self.deepspeed[1]})
-        out.update(peak={"rollout_gib": self.peak("rollout"), "train_gib": self.peak("train"),
-                         "phase": phase, "gib": peak}, fits=self.fits)
-        return out
 
 
 def micro_batch(cfg: Config, world_size: int) -> int:
@@ -132,7 +82,7 @@ def build_plan(shape: ModelShape, cfg: Config, world_size: int, device_gib: Opti
                       deepspeed, (), cfg.rollout.gpu_memory_utilization, tuple(notes))
     if device_gib is None:
         return plan
-    return replace(plan, problems=tuple(_problems(plan, cfg, vllm_weights / GIB)))
+    return replace(plan, problems=tuple(problems(plan, cfg, vllm_weights / GIB)))
 
 
 def _trainer_items(shape: ModelShape, cfg: Config, n: int) -> tuple[Item, ...]:
@@ -203,12 +153,6 @@ def drafting_pass(cfg: Config) -> tuple[int, int]:
     return rows, max(full, spec.thin_pass_tokens) if thin else full
 
 
-def _sampled_drafts(cfg: Config) -> bool:
-    """Model drafts verified with their probabilities (spec.draft_probs, at T > 0)."""
-    return bool(method(cfg.spec.method).model and cfg.spec.draft_probs
-                and cfg.rollout.temperature > 0)
-
-
 def _sampler_item(shape: ModelShape, cfg: Config) -> Item:
     """The rejection sampler's working set beyond vLLM's profile of it, GiB.
 
@@ -225,7 +169,7 @@ def _sampler_item(shape: ModelShape, cfg: Config) -> Item:
         return Item("rejection sampler", 0.0, 0.0, "spec.method none: no drafts to verify")
     profiled = cfg.rollout.max_num_seqs
     checks = cfg.rollout.logprob_check_every > 0
-    probs = _sampled_drafts(cfg)
+    probs = sampled_drafts(cfg)
     fp32_rows = (5 * t + 3 * rows if checks else 3 * t + 2 * rows) + 2 * t * probs - 5 * profiled
     logits_rows = t + rows - 2 * profiled
     nbytes = 4 * fp32_rows + DTYPE_BYTES[cfg.model.dtype] * logits_rows
@@ -275,79 +219,3 @@ def _step_items(shape: ModelShape, cfg: Config, n: int) -> tuple[Item, ...]:
         items.append(Item("ZeRO buffers", 0.0, bucket, f"gradient reduce bucket "
                           f"({REDUCE_BUCKET:.0e} elements) during the backward"))
     return tuple(items)
-
-
-def _problems(plan: MemoryPlan, cfg: Config, vllm_weights: float) -> list[str]:
-    device, r = plan.device_gib, cfg.rollout
-    share = r.gpu_memory_utilization * device
-    out = []
-    if vllm_weights >= device:
-        out.append(f"vLLM's weights ({vllm_weights:.1f} GiB in {cfg.model.dtype}) do not fit the "
-                   f"{device:.1f} GiB GPU; set model.dtype: bfloat16 or raise "
-                   f"rollout.tensor_parallel_size (now {r.tensor_parallel_size})")
-    elif share <= vllm_weights:
-        most, left = fitting_utilization(plan), device - (plan.peak("rollout") - share)
-        room = (f"but not above {most:.2f} (the trainer's states, the rejection sampler and "
-                f"the CUDA context take the rest)" if most * device > vllm_weights else
-                f"but the trainer's states, the rejection sampler and the CUDA context leave "
-                f"it only {max(0.0, left):.1f} GiB")
-        out.append(f"rollout.gpu_memory_utilization = {r.gpu_memory_utilization:g} gives vLLM "
-                   f"{share:.1f} GiB of the {device:.1f} GiB GPU, less than its {vllm_weights:.1f} "
-                   f"GiB of weights; raise it well above {vllm_weights / device:.2f} (the rest is "
-                   f"its KV cache) {room}")
-    phase, peak = plan.peak_phase
-    if peak > device:
-        items = sorted((i for i in plan.items if getattr(i, phase) > 0),
-                       key=lambda i: -getattr(i, phase))
-        largest = ", ".join(f"{i.name} {getattr(i, phase):.1f}" for i in items[:3])
-        out.append(f"the memory plan needs {peak:.1f} GiB per GPU in the {phase} phase, more than "
-                   f"the {device:.1f} GiB GPU (largest: {largest} GiB); to fit: "
-                   f"{_or(_remedies(plan, cfg, phase, items, vllm_weights))}")
-    return out
-
-
-def fitting_utilization(plan: MemoryPlan) -> float:
-    """The largest rollout.gpu_memory_utilization (two decimals, rounded down) whose rollout
-    phase fits the device beside every other item of it: the trainer's states, the
-    rejection sampler, the CUDA context."""
-    others = plan.peak("rollout") - plan.vllm_fraction * plan.device_gib
-    return int(100 * (plan.device_gib - others) / plan.device_gib) / 100
-
-
-def _remedies(plan: MemoryPlan, cfg: Config, phase: str, items: list[Item],
-              vllm_weights: float) -> list[str]:
-    """What to change, for the largest items of the phase first."""
-    t, stage = cfg.train, cfg.deepspeed.zero_stage
-    device = plan.device_gib
-    fitting_util = fitting_utilization(plan)
-    if plan.world_size == 1:  # nothing to partition over
-        states = ["run more ranks (--nproc) with deepspeed.zero_stage 3"]
-    elif stage < 3:
-        states = [f"raise deepspeed.zero_stage (now {stage})"]
-    else:
-        states = ["run on more GPUs (ZeRO-3 partitions the states over the ranks)"]
-    micro = ([f"lower train.ppo_micro_batch_size (now {plan.micro_batch})"]
-             if plan.micro_batch > 1 else [])
-    by_item = {
-        "activations": (["enable train.gradient_checkpointing"] if not t.gradient_checkpointing
-                        else []) + micro + ["lower rollout.max_tokens"],
-        "logits": micro + ["lower rollout.max_tokens"],
-        "policy weights": states, "gradients": states, "optimizer states": states,
-        "reference model": states,
-        "vLLM awake": ([f"lower rollout.gpu_memory_utilization to {fitting_util:.2f}"]
-                       if fitting_util * device > vllm_weights else []),
-        "rejection sampler": ["set spec.draft_probs=false"] * _sampled_drafts(cfg)
-        + [f"lower spec.num_speculative_tokens (now {cfg.spec.num_speculative_tokens})",
-           f"lower rollout.max_num_seqs (now {cfg.rollout.max_num_seqs})"],
-        "draft model": ["set spec.draft_device=cpu", "lower rollout.max_tokens"],
-    }
-    out: list[str] = []
-    for item in items[:3]:  # the largest, as the refusal names them
-        for remedy in by_item.get(item.name, []):
-            if remedy not in out:
-                out.append(remedy)
-    return out[:3] or ["use GPUs with more memory"]
-
-
-def _or(options: list[str]) -> str:
-    return options[0] if len(options) == 1 else ", ".join(options[:-1]) + " or " + options[-1]
