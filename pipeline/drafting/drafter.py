@@ -21,44 +21,13 @@ global tree is asked only where the prompt's own trees offer little (a best draf
 to yield less than one token, `global_below`): at T = 1 a global draft that outscored a
 good one of the prompt's displaced it (docs/speculation.md).
 
-Costs. Appending a token to a C++ tree costs microseconds, a whole history hundreds of
-them, and in a full batch the budget grants few drafts. So live tokens wait in Python
-lists (`pipeline.drafting.live` keeps the running requests and their groups) and enter a tree
-only when a request that reads it drafts; a prompt's tree is built when one of its
-requests first drafts; `set_history` changes only the responses that changed; a tree is
-not asked when the draft in hand cannot be beaten (max_tokens tokens, all at probability 1).
-A group feeds its prompt's tree once per change of the live set (`LiveSet.version`), not
-once per drafting sibling; and a sibling whose context, cap and trees (`SuffixTree.version`)
-are those of the prompt's last draft gets that draft without asking the trees: at T = 0 all
-siblings are in the same state, at any temperature their first tokens. Replaying the
-drafter calls of real runs (same drafts, call for call): 24 % less drafter time at T = 0,
-6-9 % at T = 0.6 and T = 1 (docs/speculation.md, "Siblings share work").
-
-A running response enters its prompt's tree up to the end of its previous pass: the
-newest tokens are held back. GRPO siblings start together and advance in near lockstep,
-so a sibling's sequence (and the request's own) would end exactly where the drafting
-request's context ends; each such sequence adds a count with no continuation to every
-matched node and dilutes every draft. Measured on the sort task (T = 1, 128 sequences per
-step): holding back the newest tokens of all running members cut rollout time 19 %
-against feeding them at once (docs/speculation.md), and the prompt trees served 69 % of
-drafts instead of 39 %. A finished sibling enters in full.
-
-Live responses stay in their prompt's tree until the whole group has finished (a finished
-sibling still predicts the stragglers), then they are dropped: after the step the loop
-feeds them back as history through `set_history`. The prompts held, their history, their
-trees (LRU-capped) and the global tree are `pipeline.drafting.prompt_table`'s.
-
-Off the critical path. vLLM calls the proposer between two target passes, the GPU idle;
-what only the next pass's drafts need can run while the GPU computes it
-(`pipeline.drafting.background`, one thread, jobs in order, every public method waiting
-for them first, so drafts are the same as inline). After a pass (`after_pass`) the groups'
-running members enter their trees up to their end — at the next call that is exactly the
-held-back part, so the drafts' own feeding finds nothing left to do — and a few ended
-sequences leave the trees (`JANITOR_TOKENS` a pass: an ended group's prompt no longer
-drafts, so its sequences may go slowly; a new request of that prompt removes the rest
-first); with `presume`, the next drafts are worked out ahead (`DraftChooser.presume_steps`).
-`prepare` builds the next step's trees ahead and frees the others'. Freed trees are
-destroyed in the background too (tens of ms for a large tree).
+Costs. Live tokens wait in Python lists and enter a tree only when a request that reads it
+drafts; a running response enters its prompt's tree up to the end of its previous pass (the
+newest tokens held back, since GRPO siblings advance in lockstep); live responses leave
+when their whole group has finished; what only the next pass needs runs in a background
+thread while the GPU computes (`pipeline.drafting.background`: drafts are the same as
+inline). Why each of these, with what it measured: docs/architecture.md, "The drafter's
+costs".
 """
 
 from __future__ import annotations
@@ -106,11 +75,8 @@ class GroupDrafter:
 
     # -- history ----------------------------------------------------------------------
     def set_history(self, key: str, responses: Sequence[HistoryResponse]) -> None:
-        """Make `responses` the history of prompt `key` (its `prompt_hash`).
-
-        Responses already held (same tokens, same weight) stay in the trees; only the
-        others are removed or inserted.
-        """
+        """Make `responses` the history of prompt `key` (its `prompt_hash`): responses
+        already held (same tokens, same weight) stay in the trees, the others change."""
         self._bg.wait()
         for _ in self._table.history_steps(key, responses):
             pass
@@ -144,18 +110,10 @@ class GroupDrafter:
         self._bg.wait()
         return self._table.history_prompts()
 
-    def held_prompts(self) -> list[str]:
-        """Keys of the prompts the drafter holds state for."""
-        self._bg.wait()
-        return list(self._prompts)
-
     # -- live requests ----------------------------------------------------------------
     def expect_group(self, prompt_ids: Sequence[int], n: int) -> None:
-        """Announce that `n` requests of this prompt form one group (optional).
-
-        Without it a group ends when none of its requests is running, which can be too
-        early if some siblings are still waiting for a slot.
-        """
+        """Announce that `n` requests of this prompt form one group (optional: without it
+        a group ends when none of its requests runs, too early if siblings still wait)."""
         self._bg.wait()
         key = prompt_hash(prompt_ids)
         self._table.get(key)
@@ -163,10 +121,8 @@ class GroupDrafter:
 
     def start(self, req_id: Hashable, prompt_ids: Sequence[int],
               output_ids: Sequence[int] = ()) -> str:
-        """Register a running request (or a resumed one, with its output so far).
-
-        Returns the prompt key.
-        """
+        """Register a running request (or a resumed one, with its output so far); returns
+        the prompt key."""
         self._bg.wait()
         if req_id in self._live.running:
             raise ValueError(f"request {req_id!r} is already running")
@@ -191,15 +147,10 @@ class GroupDrafter:
 
     def append_many(self, req_ids: Sequence[Hashable],
                     token_ids: Sequence[Sequence[int]]) -> None:
-        """`append` for each (request, tokens) pair, in order: one pass's output.
-
-        Lists are taken as they are (vLLM's hold Python ints); other sequences are
-        converted. The shared trees will get the tokens at once (a sibling one pass ahead
-        must be visible), the request's own tree a pass late: the context always ends
-        where the request's own sequence ends, and a sequence ending exactly at the
-        matched suffix adds a count with no continuation, diluting every draft (vLLM's
-        local tree has this effect).
-        """
+        """`append` for each (request, tokens) pair, in order: one pass's output (lists
+        taken as they are, other sequences converted). The shared trees get the tokens at
+        once (a sibling one pass ahead must be visible), the request's own tree a pass
+        late: a sequence ending exactly at the matched suffix would dilute every draft."""
         self._bg.wait()
         self._live.append_many(req_ids, token_ids)
 
@@ -287,16 +238,13 @@ class GroupDrafter:
             req.sent = (tokens[:k], cap, 0.0)
 
     def after_pass(self, presume: bool = False) -> None:
-        """A pass's drafts are out: what the next pass's drafts need and these did not —
-        the pass's tokens in the trees, ended sequences out — starts now, in the
-        background (inline with `config.background` off).
-
-        presume: then, as time allows, each running request's next draft is worked out
-        for the outcome the trees expect — its draft accepted whole, then their most
-        likely next token — at the same cap (for budgets whose caps do not move). At the
-        next pass a request whose context, cap and trees are those gets it without asking
-        the trees; any other asks them as before. Drafts are the same either way; a wait
-        for the background (the next pass) cuts this part short."""
+        """A pass's drafts are out: what the next pass's drafts need — the pass's tokens
+        in the trees, ended sequences out — starts now, in the background (inline with
+        `config.background` off). presume: then, as time allows, each running request's
+        next draft is worked out for the outcome the trees expect (its draft accepted
+        whole, then their likeliest token) at the same cap; a request whose context, cap
+        and trees are those at the next pass gets it without asking the trees. Drafts
+        are the same either way; the next pass's wait cuts this part short."""
         self._bg.submit(lambda: self._after_pass_steps(presume))
 
     def settle(self) -> float:
@@ -323,18 +271,15 @@ class GroupDrafter:
                 self._own.feed(req)
         t1 = time.perf_counter()
         out = []
-        wins, global_tree = self._wins, self._global.tree
+        wins = self._wins
         for req, cap, always in zip(reqs, caps, choose.chain_always(reqs, caps, prompts, thin)):
             p = prompts[req.key]
             tree = p.tree
             context = req.context()
             chain = bool(always or req.sure())
-            pre = req.presumed
-            if pre is not None and pre[0] == cap and pre[5] == chain and pre[6] == own \
-                    and pre[2] == context \
-                    and pre[1] == (tree.version, global_tree.version,
-                                   -1 if req.own is None else req.own.version):
-                best, source = pre[3], pre[4]  # worked out after the last pass, trees unchanged
+            pre = choose.presumed(req, tree, cap, context, chain, own)
+            if pre is not None:
+                best, source = pre  # worked out after the last pass, trees unchanged
                 self.presumed_hits += 1
             else:
                 best, source = choose.best(req, p, tree, cap, context, chain, own)
@@ -386,21 +331,11 @@ class GroupDrafter:
         self._bg.wait()
         return replace(self._times)
 
-    def background_seconds(self) -> float:
-        """Seconds of work done off the critical path (or inline, `background` off) since
-        the drafter was made: after-pass feeding and removals, builds, frees."""
-        self._bg.wait()
-        return self._bg.busy_s
-
-    @property
-    def background_busy_s(self) -> float:
-        """`background_seconds()` without waiting (the running job not yet counted)."""
-        return self._bg.busy_s
-
     @property
     def background_cpu_s(self) -> float:
-        """The CPU time of that work (its thread's: on a busy machine the wall time also
-        holds other threads' and processes' turns), without waiting."""
+        """CPU seconds of the work done off the critical path (inline with `background`
+        off) since the drafter was made: after-pass feeding and removals, builds, frees;
+        the thread's CPU time (a busy machine's wall time holds others' turns), no wait."""
         return self._bg.busy_cpu_s
 
     def close(self) -> None:
@@ -410,7 +345,6 @@ class GroupDrafter:
     def sources(self) -> dict[str, int]:
         """Drafts each tree has served so far: prompt, own, global."""
         return dict(self._wins)
-
 
 
 __all__ = ["DrafterStats", "DrafterTimes", "GroupDrafter", "source_shares"]

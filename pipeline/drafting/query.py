@@ -125,6 +125,16 @@ class DraftChooser:
         return (tree.version, self._global.tree.version,
                 -1 if req.own is None else req.own.version)
 
+    def presumed(self, req: LiveRequest, tree: SuffixTree, cap: int, context: list[int],
+                 chain: bool, own: bool) -> tuple[Draft, str] | None:
+        """The (draft, source) `presume_steps` worked out for this request, if it was
+        worked out for this cap, context, chaining, own-tree rule and trees' versions."""
+        pre = req.presumed
+        if pre is None or pre[0] != cap or pre[5] != chain or pre[6] != own \
+                or pre[2] != context or pre[1] != self.versions(req, tree):
+            return None
+        return pre[3], pre[4]
+
     def presume_steps(self, running: Iterable[LiveRequest], prompts: Mapping[str, PromptState],
                       own: bool):
         """Each running request's next draft worked out for the outcome its trees expect —
