@@ -3,7 +3,8 @@ trained online as the run went (research tool; no engine, no vLLM):
 
     python -m pipeline.bench.draft_model_replay RUN_DIR [--steps N] [--k 8] [--updates 40]
         [--layers 1] [--max-fraction 0.1] [--draft-vocab 0] [--json OUT] [--threads 1]
-        [--choice]
+        [--choice] [--warm-corpus FILE [--warm-updates 200] [--warm-distill 8]
+        [--warm-prompts 64] [--warm-samples 4] [--warm-max-new 256]]
 
 The draft is built from the run's starting policy (`model.path`, `from_policy`). For each
 recorded step in order it first drafts that step's responses, then trains on them (the
@@ -20,6 +21,11 @@ tau, the weighted loss before and after the step's training and its seconds; wit
 `pipeline.drafting.choice` (no tree; the rule's remaining lengths from the step's own
 recorded group lengths, an optimistic predictor). At the end: `propose` milliseconds per
 pass at 32 and 128 rows of the last step's contexts.
+
+`--warm-corpus FILE`: before the first step the draft trains `--warm-updates` updates on
+the starting policy's own responses to other prompts of the data set
+(`pipeline.bench.warm_corpus`: read from FILE, or generated and written there), each
+token against the policy's `--warm-distill` most likely tokens (0: the sampled token).
 """
 
 from __future__ import annotations
@@ -107,6 +113,34 @@ def _propose_ms(model, contexts, k: int, rows: int, repeats: int = 5) -> float:
     return 1000 * median(times)
 
 
+def _warm_up(trainer, cfg, policy_dir: Path, args) -> dict:
+    """Train `trainer`'s model on the warm-up corpus (`--warm-*`) with an optimizer of its
+    own; the per-step training then starts from these weights."""
+    from pipeline.bench.warm_corpus import corpus_at
+    from pipeline.drafting.draft_train import DraftTrainer, TrainSettings
+    from pipeline.train.teacher import policy_teachers
+
+    corpus = corpus_at(args.warm_corpus, cfg, args.warm_prompts, args.warm_samples,
+                       args.warm_max_new, args.seed)
+    t = time.perf_counter()
+    data = corpus
+    if args.warm_distill:
+        teachers = policy_teachers(policy_dir, corpus, args.warm_distill)
+        data = [(p, r, teacher) for (p, r), teacher in zip(corpus, teachers)]
+    teach_s = time.perf_counter() - t
+    warm = DraftTrainer(trainer.model, TrainSettings(updates=args.warm_updates,
+                                                     draft_vocab=args.draft_vocab), args.seed)
+    report = warm.train(data)
+    out = {"responses": len(corpus), "tokens": sum(len(r) for _, r in corpus),
+           "updates": args.warm_updates, "distill": args.warm_distill, "teacher_s": teach_s,
+           "loss_before": report.loss_before, "loss_after": report.loss_after,
+           "train_s": report.seconds}
+    print(f"warm-up: {out['responses']} responses, {out['tokens']} tokens, loss "
+          f"{report.loss_before:.3f} -> {report.loss_after:.3f} in {report.seconds:.0f} s "
+          f"(teacher {teach_s:.0f} s)", flush=True)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipeline.bench.draft_model_replay")
     ap.add_argument("run_dir", type=Path)
@@ -126,6 +160,15 @@ def main(argv=None) -> int:
                     help="the choice rule's price of running the draft model in a pass")
     ap.add_argument("--model-row-ms", type=float, default=0.03,
                     help="the choice rule's price of one row of the draft model's batch")
+    ap.add_argument("--warm-corpus", type=Path, default=None,
+                    help="warm the draft up first on the corpus in FILE (made there if absent)")
+    ap.add_argument("--warm-updates", type=int, default=200, help="AdamW updates of the warm-up")
+    ap.add_argument("--warm-distill", type=int, default=8,
+                    help="the warm-up learns the policy's top-K tokens (0: the sampled ones)")
+    ap.add_argument("--warm-prompts", type=int, default=64,
+                    help="data-set rows after the trained ones the corpus is made from")
+    ap.add_argument("--warm-samples", type=int, default=4, help="responses per warm-up prompt")
+    ap.add_argument("--warm-max-new", type=int, default=256, help="tokens per warm-up response")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -149,6 +192,7 @@ def main(argv=None) -> int:
           f"{shape.own_parameters():,} own parameters "
           f"({shape.own_parameters() / policy_parameters(config):.1%} of the policy's), "
           f"{shape.parameters():,} with the embedding")
+    warm = _warm_up(trainer, cfg, policy_dir, args) if args.warm_corpus else None
     rows = []
     for st in steps:
         prompts, responses, groups = [], [], []
@@ -189,7 +233,8 @@ def main(argv=None) -> int:
     print(", ".join(f"{k}: {v:.1f}" for k, v in timing.items()))
     if args.json:
         result = {"run_dir": str(args.run_dir), "k": args.k, "updates": args.updates,
-                  "threads": args.threads, "shape": shape.__dict__, "steps": rows, **timing}
+                  "threads": args.threads, "shape": shape.__dict__, "steps": rows, **timing,
+                  "warm_up": warm}
         write_atomic(args.json, lambda tmp: tmp.write_text(json.dumps(result, indent=1)))
     return 0
 

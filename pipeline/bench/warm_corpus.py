@@ -1,0 +1,95 @@
+"""A warm-up corpus for the draft model (`pipeline.bench.draft_model_replay --warm-corpus`):
+the run's starting policy's own responses to prompts of its data set that it does not train
+on, so that the draft can learn the policy before the first step drafts.
+
+The prompts are the data set's rows after the run's `data.train_size` (encoded as a run
+encodes them: `PromptEncoder`, the model's chat template), `samples` responses each,
+sampled with transformers on the CPU at the run's temperature (research tool: no engine),
+cut after the first end-of-sequence token. Stored as JSON: a list of [prompt ids, response
+ids] pairs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from pipeline.atomic import write_atomic
+
+GENERATE_ROWS = 16  # prompts a `generate` call takes
+
+
+def load_corpus(path: Path) -> list[tuple[list[int], list[int]]]:
+    """The (prompt ids, response ids) pairs a corpus file holds; ValueError if it is not
+    one."""
+    data = json.loads(Path(path).read_text())
+    if not isinstance(data, list) or not all(
+            isinstance(x, list) and len(x) == 2 and all(isinstance(t, int) for s in x for t in s)
+            for x in data):
+        raise ValueError(f"{path} is not a warm-up corpus (a JSON list of [prompt ids, "
+                         "response ids] pairs); delete it to generate it again")
+    return [(p, r) for p, r in data]
+
+
+def make_corpus(cfg, prompts: int, samples: int, max_new: int, seed: int = 0,
+                temperature: float | None = None) -> list[tuple[list[int], list[int]]]:
+    """`samples` responses of the run's starting policy (`cfg.model.path`) to each of
+    `prompts` data-set rows after the first `cfg.data.train_size`, at `temperature` (the
+    run's `rollout.temperature` by default), at most `max_new` tokens each."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pipeline.tasks.chat import PromptEncoder
+    from pipeline.tasks.data import load_user_dataset
+
+    data = cfg.data
+    if not data.path:
+        raise ValueError("a warm-up corpus needs a run on a data set (data.path), not a "
+                         "built-in task")
+    rows = load_user_dataset(data.path, data.split, data.prompt_key, data.answer_key)
+    first = data.train_size or 0
+    if first + prompts > len(rows):
+        raise ValueError(f"the data set has {len(rows)} rows, {first} of them trained on: "
+                         f"ask for at most {len(rows) - first} warm-up prompts")
+    path = str(cfg.model.path)
+    tok = AutoTokenizer.from_pretrained(path)
+    enc = PromptEncoder.from_config(data, tok)
+    encoded = [enc.encode(rows[i]["prompt"]) for i in range(first, first + prompts)]
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    t = cfg.rollout.temperature if temperature is None else temperature
+    torch.manual_seed(seed)
+    eos = tok.eos_token_id
+    corpus = []
+    for i in range(0, len(encoded), GENERATE_ROWS):
+        part = encoded[i:i + GENERATE_ROWS]
+        width = max(map(len, part))
+        ids = torch.full((len(part), width), enc.pad_id)
+        mask = torch.zeros((len(part), width), dtype=torch.long)
+        for j, p in enumerate(part):  # left padding
+            ids[j, width - len(p):] = torch.tensor(p)
+            mask[j, width - len(p):] = 1
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=t > 0,
+                                 temperature=t if t > 0 else None, top_p=1.0, top_k=0,
+                                 max_new_tokens=max_new, num_return_sequences=samples,
+                                 pad_token_id=enc.pad_id)
+        for j in range(out.shape[0]):
+            response = out[j, width:].tolist()
+            if eos in response:
+                response = response[:response.index(eos) + 1]
+            corpus.append((part[j // samples], response))
+        print(f"warm-up corpus: {len(corpus)} of {prompts * samples} responses", flush=True)
+    return corpus
+
+
+def corpus_at(path: Path, cfg, prompts: int, samples: int, max_new: int,
+              seed: int = 0) -> list[tuple[list[int], list[int]]]:
+    """The corpus stored at `path`, or a new one (`make_corpus`) written there."""
+    if Path(path).exists():
+        return load_corpus(path)
+    corpus = make_corpus(cfg, prompts, samples, max_new, seed)
+    write_atomic(Path(path), lambda tmp: tmp.write_text(json.dumps(corpus)))
+    return corpus
+
+
+__all__ = ["corpus_at", "load_corpus", "make_corpus"]
