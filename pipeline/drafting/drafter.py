@@ -277,8 +277,8 @@ class GroupDrafter:
             tree = p.tree
             context = req.context()
             chain = bool(always or req.sure())
-            pre = choose.presumed(req, tree, cap, context, chain, own)
-            if pre is not None:
+            pre = req.presumed and choose.presumed(req, tree, cap, context, chain, own)
+            if pre:
                 best, source = pre  # worked out after the last pass, trees unchanged
                 self.presumed_hits += 1
             else:
