@@ -2,8 +2,9 @@
 the run's starting policy's own responses to prompts of its data set that it does not train
 on, so that the draft can learn the policy before the first step drafts.
 
-The prompts are the data set's rows after the run's `data.train_size` (encoded as a run
-encodes them: `PromptEncoder`, the model's chat template), `samples` responses each,
+The prompts are the data set's rows after the run's `data.train_size`, or for a built-in
+task fresh ones drawn with a seed of their own and none of them a training prompt (encoded
+as a run encodes them: `PromptEncoder`, the model's chat template), `samples` responses each,
 sampled with transformers on the CPU at the run's temperature (research tool: no engine),
 cut after the first end-of-sequence token. Stored as JSON: a list of [prompt ids, response
 ids] pairs."""
@@ -18,6 +19,7 @@ import torch
 from pipeline.atomic import write_atomic
 
 GENERATE_ROWS = 16  # prompts a `generate` call takes
+WARM_SEED_OFFSET = 104_729  # a built-in task's warm-up prompts: neither training nor eval seed
 
 
 def load_corpus(path: Path) -> list[tuple[list[int], list[int]]]:
@@ -32,6 +34,29 @@ def load_corpus(path: Path) -> list[tuple[list[int], list[int]]]:
     return [(p, r) for p, r in data]
 
 
+def other_prompts(data, n: int) -> list[str]:
+    """`n` prompt texts of the run's task that it does not train on: a data set's rows after
+    its first `data.train_size`, or a built-in task's prompts of another seed."""
+    from pipeline.tasks.data import build_task_dataset, load_user_dataset
+    from pipeline.tasks.prompts import distinct, train_rows
+
+    if data.path:
+        rows = load_user_dataset(data.path, data.split, data.prompt_key, data.answer_key)
+        first = data.train_size or len(rows)
+        if first + n > len(rows):
+            raise ValueError(f"the data set has {len(rows)} rows, {min(first, len(rows))} of "
+                             f"them trained on: ask for at most {max(len(rows) - first, 0)} "
+                             "warm-up prompts")
+        return [rows[i]["prompt"] for i in range(first, first + n)]
+    trained = set(train_rows(data)["id"])
+    fresh = distinct(build_task_dataset(data.task, 3 * n, data.seed + WARM_SEED_OFFSET),
+                     exclude=trained)
+    if len(fresh) < n:
+        raise ValueError(f"task {data.task} gave only {len(fresh)} prompts outside the "
+                         f"training set; ask for fewer warm-up prompts")
+    return [p.text for p in fresh[:n]]
+
+
 def make_corpus(cfg, prompts: int, samples: int, max_new: int, seed: int = 0,
                 temperature: float | None = None) -> list[tuple[list[int], list[int]]]:
     """`samples` responses of the run's starting policy (`cfg.model.path`) to each of
@@ -40,21 +65,11 @@ def make_corpus(cfg, prompts: int, samples: int, max_new: int, seed: int = 0,
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pipeline.tasks.chat import PromptEncoder
-    from pipeline.tasks.data import load_user_dataset
 
-    data = cfg.data
-    if not data.path:
-        raise ValueError("a warm-up corpus needs a run on a data set (data.path), not a "
-                         "built-in task")
-    rows = load_user_dataset(data.path, data.split, data.prompt_key, data.answer_key)
-    first = data.train_size or 0
-    if first + prompts > len(rows):
-        raise ValueError(f"the data set has {len(rows)} rows, {first} of them trained on: "
-                         f"ask for at most {len(rows) - first} warm-up prompts")
     path = str(cfg.model.path)
     tok = AutoTokenizer.from_pretrained(path)
-    enc = PromptEncoder.from_config(data, tok)
-    encoded = [enc.encode(rows[i]["prompt"]) for i in range(first, first + prompts)]
+    enc = PromptEncoder.from_config(cfg.data, tok)
+    encoded = [enc.encode(text) for text in other_prompts(cfg.data, prompts)]
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     t = cfg.rollout.temperature if temperature is None else temperature
     torch.manual_seed(seed)
@@ -92,4 +107,4 @@ def corpus_at(path: Path, cfg, prompts: int, samples: int, max_new: int,
     return corpus
 
 
-__all__ = ["corpus_at", "load_corpus", "make_corpus"]
+__all__ = ["corpus_at", "load_corpus", "make_corpus", "other_prompts"]
