@@ -27,7 +27,8 @@ def load_corpus(path: Path) -> list[tuple[list[int], list[int]]]:
     one."""
     data = json.loads(Path(path).read_text())
     if not isinstance(data, list) or not all(
-            isinstance(x, list) and len(x) == 2 and all(isinstance(t, int) for s in x for t in s)
+            isinstance(x, list) and len(x) == 2 and all(
+                isinstance(s, list) and all(isinstance(t, int) for t in s) for s in x)
             for x in data):
         raise ValueError(f"{path} is not a warm-up corpus (a JSON list of [prompt ids, "
                          "response ids] pairs); delete it to generate it again")
@@ -60,8 +61,8 @@ def other_prompts(data, n: int) -> list[str]:
 def make_corpus(cfg, prompts: int, samples: int, max_new: int, seed: int = 0,
                 temperature: float | None = None) -> list[tuple[list[int], list[int]]]:
     """`samples` responses of the run's starting policy (`cfg.model.path`) to each of
-    `prompts` data-set rows after the first `cfg.data.train_size`, at `temperature` (the
-    run's `rollout.temperature` by default), at most `max_new` tokens each."""
+    `prompts` prompts it does not train on (`other_prompts`), at `temperature` (the run's
+    `rollout.temperature` by default), at most `max_new` tokens each."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pipeline.tasks.chat import PromptEncoder

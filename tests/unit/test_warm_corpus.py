@@ -26,7 +26,8 @@ def _corpus(n: int = 12) -> list[tuple[list[int], list[int]]]:
     return out
 
 
-@pytest.mark.parametrize("text", ['{"a": 1}', '[[1, 2, 3]]', '[[[1], ["x"]]]', '[[[1], [2], [3]]]'])
+@pytest.mark.parametrize("text", ['{"a": 1}', '[[1, 2, 3]]', '[[1, 2]]', '[[[1], ["x"]]]',
+                                  '[[[1], [2], [3]]]'])
 def test_a_file_that_is_not_a_corpus_is_refused_with_what_to_do(tmp_path, text):
     path = tmp_path / "corpus.json"
     path.write_text(text)
