@@ -19,7 +19,6 @@ import torch
 from pipeline.atomic import write_atomic
 
 GENERATE_ROWS = 16  # prompts a `generate` call takes
-WARM_SEED_OFFSET = 104_729  # a built-in task's warm-up prompts: neither training nor eval seed
 
 
 def load_corpus(path: Path) -> list[tuple[list[int], list[int]]]:
@@ -35,42 +34,20 @@ def load_corpus(path: Path) -> list[tuple[list[int], list[int]]]:
     return [(p, r) for p, r in data]
 
 
-def other_prompts(data, n: int) -> list[str]:
-    """`n` prompt texts of the run's task that it does not train on: a data set's rows after
-    its first `data.train_size`, or a built-in task's prompts of another seed."""
-    from pipeline.tasks.data import build_task_dataset, load_user_dataset
-    from pipeline.tasks.prompts import distinct, train_rows
-
-    if data.path:
-        rows = load_user_dataset(data.path, data.split, data.prompt_key, data.answer_key)
-        first = data.train_size or len(rows)
-        if first + n > len(rows):
-            raise ValueError(f"the data set has {len(rows)} rows, {min(first, len(rows))} of "
-                             f"them trained on: ask for at most {max(len(rows) - first, 0)} "
-                             "warm-up prompts")
-        return [rows[i]["prompt"] for i in range(first, first + n)]
-    trained = set(train_rows(data)["id"])
-    fresh = distinct(build_task_dataset(data.task, 3 * n, data.seed + WARM_SEED_OFFSET),
-                     exclude=trained)
-    if len(fresh) < n:
-        raise ValueError(f"task {data.task} gave only {len(fresh)} prompts outside the "
-                         f"training set; ask for fewer warm-up prompts")
-    return [p.text for p in fresh[:n]]
-
-
 def make_corpus(cfg, prompts: int, samples: int, max_new: int, seed: int = 0,
                 temperature: float | None = None) -> list[tuple[list[int], list[int]]]:
     """`samples` responses of the run's starting policy (`cfg.model.path`) to each of
-    `prompts` prompts it does not train on (`other_prompts`), at `temperature` (the run's
+    `prompts` prompts it does not train on (`pipeline.tasks.prompts.warmup_prompts`), at `temperature` (the run's
     `rollout.temperature` by default), at most `max_new` tokens each."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pipeline.tasks.chat import PromptEncoder
+    from pipeline.tasks.prompts import warmup_prompts
 
     path = str(cfg.model.path)
     tok = AutoTokenizer.from_pretrained(path)
     enc = PromptEncoder.from_config(cfg.data, tok)
-    encoded = [enc.encode(text) for text in other_prompts(cfg.data, prompts)]
+    encoded = [enc.encode(p.text) for p in warmup_prompts(cfg.data, prompts)]
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     t = cfg.rollout.temperature if temperature is None else temperature
     torch.manual_seed(seed)
@@ -108,4 +85,4 @@ def corpus_at(path: Path, cfg, prompts: int, samples: int, max_new: int,
     return corpus
 
 
-__all__ = ["corpus_at", "load_corpus", "make_corpus", "other_prompts"]
+__all__ = ["corpus_at", "load_corpus", "make_corpus"]

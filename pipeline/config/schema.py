@@ -199,6 +199,15 @@ class SpecConfig:
     # (pipeline.train.teacher); 0: the sampled tokens. Greedy rollouts learn the sampled
     # tokens (the policy's argmax) either way
     draft_distill: int = non_negative(8)
+    # before a fresh run's first step the draft learns the starting policy
+    # (pipeline.loop.warmup): rollout.n responses to each of draft_warmup_prompts prompts it
+    # does not train on (a data set's rows after data.train_size, a built-in task's of a
+    # seed of their own), sampled under a seed of their own, then draft_warmup_updates
+    # updates against the policy's draft_distill most likely tokens. Its first steps then
+    # draft from a model of the policy, not from the policy's first layer; it costs one
+    # extra rollout, a forward of the trainer and the updates, once. 0: no warm-up
+    draft_warmup_prompts: int = non_negative(0)
+    draft_warmup_updates: int = positive(200)
 
     def spec_factor(self) -> float:
         """max_spec_factor as `method` applies it: the number set, else the method's

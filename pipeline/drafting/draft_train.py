@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
@@ -27,6 +27,8 @@ from pipeline import draft_shape
 from pipeline.draft_shape import DRAFT_BATCH
 from pipeline.drafting.draft_model import DraftModel
 from pipeline.train.teacher import Teacher, soft_targets
+
+WARM_UP_SEED = 7_777  # the warm-up's batch order: apart from every step's (seed, calls)
 
 
 def _ids(tokens) -> torch.Tensor:
@@ -196,6 +198,16 @@ class DraftTrainer:
                     w = _weight(part)
                     total, weights = total + float(value) * w, weights + w
         return total / weights
+
+    def warm_up(self, rollouts: Sequence[tuple], updates: int) -> TrainReport:
+        """Before the first step (`pipeline.loop.warmup`): `updates` AdamW steps on
+        `rollouts` with an optimizer and a batch order of their own, outside the window (the
+        per-step training then goes on from these weights with its own moments, its window
+        the run's rollouts only); their tokens count toward the draft vocabulary."""
+        warm = DraftTrainer(self.model, replace(self.settings, updates=int(updates), window=1),
+                            self.seed + WARM_UP_SEED)
+        warm.counts = self.counts  # shared: `_count` adds in place
+        return warm.train(rollouts)
 
     def train(self, rollouts: Sequence[tuple]) -> TrainReport:
         """`settings.updates` AdamW steps on minibatches of `rollouts` (prompt ids,

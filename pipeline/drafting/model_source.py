@@ -297,6 +297,14 @@ class ModelSource:
         self.stats.train_s += report.seconds
         return report
 
+    def warm_up(self, rollouts: Sequence[tuple], updates: int) -> TrainReport:
+        """Before the first step: the trainer's warm-up (`DraftTrainer.warm_up`) on the
+        starting policy's responses to prompts the run does not train on; the cache goes."""
+        self.cache.clear()
+        report = self.trainer.warm_up(rollouts, updates)
+        self.stats.train_s += report.seconds
+        return report
+
     def save(self, folder: Path, rank: int) -> Path:
         """The trainer's state into FOLDER (atomically)."""
         from pipeline.atomic import write_atomic

@@ -1,11 +1,11 @@
 """Which prompts each step trains on: a pure function of (seed, step), so a resumed run
-sees exactly the batches an uninterrupted one would."""
+sees exactly the batches an uninterrupted one would; and those the draft model warms up on."""
 
 from __future__ import annotations
 
 import random
 from pipeline.errors import UsageError
-from pipeline.tasks.prompts import Prompt, distinct
+from pipeline.tasks.prompts import Prompt, distinct, warmup_prompts
 
 
 class PromptSource:
@@ -39,6 +39,30 @@ class PromptSource:
         epoch, index = divmod(step, self.steps_per_epoch)
         picked = self.order(epoch)[index * self.batch_size: (index + 1) * self.batch_size]
         return [self.prompts[i] for i in picked]
+
+
+def even_share(prompts: list, world_size: int) -> list:
+    """`prompts` cut to a multiple of `world_size`, so that every rank gets as many."""
+    return prompts[:len(prompts) - len(prompts) % world_size]
+
+
+def warmup_batch(cfg, world_size: int) -> list[Prompt]:
+    """The draft model's warm-up prompts (`pipeline.loop.warmup`) for `world_size` ranks,
+    [] without a warm-up: as many for every rank (ZeRO-3's forward is collective: every
+    rank scores as many rows). A number the data cannot give or the ranks cannot share is
+    refused (UsageError), before the run directory is written."""
+    n = cfg.spec.draft_warmup_prompts
+    if not n:
+        return []
+    try:
+        prompts = even_share(warmup_prompts(cfg.data, n), world_size)
+    except ValueError as exc:
+        raise UsageError(f"spec.draft_warmup_prompts = {n}: {exc}") from None
+    if not prompts:
+        raise UsageError(f"spec.draft_warmup_prompts = {n} is fewer than the {world_size} "
+                         f"ranks, which share the warm-up evenly: ask for at least "
+                         f"{world_size}, or 0")
+    return prompts
 
 
 def shard(batch: list[Prompt], rank: int, world_size: int) -> list[Prompt]:

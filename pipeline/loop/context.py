@@ -46,6 +46,7 @@ class Context:
     metrics: MetricsLog | None = None
     evals: MetricsLog | None = None
     eval_set: list[Prompt] = field(default_factory=list)
+    warmup_set: list[Prompt] = field(default_factory=list)  # the draft's (loop.warmup)
     summary: dict = field(default_factory=dict)
     loggers: Loggers | None = None  # rank 0: TensorBoard / W&B
     tp: TPLayout | None = None  # which ranks share one vLLM engine

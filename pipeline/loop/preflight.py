@@ -13,7 +13,7 @@ from pipeline.config import Config, ConfigError
 from pipeline.config.load import draft_model_problems
 from pipeline.errors import UsageError
 from pipeline.loop import loggers, rundir, tp_groups
-from pipeline.loop.batches import PromptSource
+from pipeline.loop.batches import PromptSource, warmup_batch
 from pipeline.loop.memory import memory_problems
 from pipeline.policy.checks import check_model_dir, fix_hint, model_context
 from pipeline.rollout.versions import check_vllm
@@ -58,6 +58,10 @@ def preflight(cfg: Config, world_size: int, local_world: int | None = None,
         context = attempt(model_context, model_dir)
         if dataset is not None:
             longest = attempt(longest_prompt_tokens, model_dir, dataset["prompt"], cfg.data)
+    warmup = attempt(warmup_batch, cfg, world_size) or []
+    if warmup and model_dir is not None:
+        longest = max(longest or 0, attempt(longest_prompt_tokens, model_dir,
+                                            [p.text for p in warmup], cfg.data) or 0)
     if longest is not None and longest > cfg.data.max_prompt_length:
         problems.append(f"the longest prompt has {longest} tokens, more than "
                         f"data.max_prompt_length = {cfg.data.max_prompt_length}; raise it or "

@@ -8,6 +8,7 @@ counts as done: loop.commit.
 
 from __future__ import annotations
 
+import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -22,7 +23,7 @@ from pipeline.history import index
 from pipeline.history.store import HistoryStore
 from pipeline.loop import commit, rundir, shared_fs
 from pipeline.loop.lock import RunLock, announce
-from pipeline.loop.batches import PromptSource
+from pipeline.loop.batches import PromptSource, warmup_batch
 from pipeline.loop.context import Context
 from pipeline.loop.evaluate import evaluate
 from pipeline.loop.metrics import MetricsLog
@@ -31,6 +32,7 @@ from pipeline.loop.step import rl_step
 from pipeline.loop.tail_queue import TailQueue
 from pipeline.loop.loggers import Loggers
 from pipeline.loop.tp_groups import TPLayout
+from pipeline.loop.warmup import describe, warm_up
 from pipeline.rollout.engine import RolloutEngine
 from pipeline.sched.registry import RolloutPlacement
 from pipeline.tasks.chat import PromptEncoder
@@ -109,6 +111,7 @@ def setup(cfg: Config, rank: int, world: int, resume: bool, force: bool,
     prompts = PromptSource(list(train_rows(cfg.data)), cfg.data.train_batch_size, cfg.data.seed,
                            cfg.data.shuffle)
     reward_fn = resolve_reward(cfg.data.reward or cfg.data.task, cfg.data.partial_credit)
+    warmup = warmup_batch(cfg, world)
     if rank == 0:
         rundir.start(cfg, resume, force)
     dist.barrier()
@@ -125,6 +128,7 @@ def setup(cfg: Config, rank: int, world: int, resume: bool, force: bool,
     if tail.overprovision > 0:
         ctx.tail = TailQueue(prompts, tail.overprovision, tail.max_waits, world)
     ctx.eval_set = eval_prompts(cfg.data, {p.id for p in prompts.prompts})
+    ctx.warmup_set = warmup
     if rank == 0:
         ctx.history = HistoryStore(run_dir)
         ctx.metrics = MetricsLog(run_dir)
@@ -173,7 +177,6 @@ def restore_drafting(ctx: Context, ckpt: Path | None) -> None:
             raise UsageError(f"--resume: {exc}; delete that checkpoint to resume from the one "
                              f"before it, or start over with --force") from None
         if not found and ctx.rank == 0:
-            import sys
             print(f"warning: {ckpt} holds no drafter state (written by an earlier version): "
                   f"the resumed run drafts, and so samples, otherwise than the uninterrupted "
                   f"one would have", file=sys.stderr)
@@ -186,7 +189,6 @@ def restore_drafting(ctx: Context, ckpt: Path | None) -> None:
     if present:  # a corrupt or foreign index is refused here, before it is read
         index.check(ctx.run_dir, cfg.model.path)
     elif ctx.rank == 0:
-        import sys
         print(f"warning: {ctx.run_dir}/{index.INDEX_DIR} has no history index; the drafter "
               f"reads history from every step file instead, which is slower (build one with "
               f"`rhymectl index build {ctx.run_dir}`)", file=sys.stderr)
@@ -200,6 +202,9 @@ def train(ctx: Context, view_factory: ViewFactory | None = None) -> None:
     last: dict = {}
     console_on = "console" in cfg.run.loggers
     show = view_factory if ctx.rank == 0 and view_factory is not None and console_on else None
+    warm = warm_up(ctx) if ctx.start_step == 0 else {}  # a resumed run's draft is warm
+    if warm and ctx.rank == 0:
+        print(describe(warm, cfg.spec.draft_warmup_updates), file=sys.stderr, flush=True)
     first = run_eval(ctx, 0) if ctx.start_step == 0 else {}
     if ctx.rank == 0 and first:
         ctx.evals.append(first)
@@ -210,6 +215,8 @@ def train(ctx: Context, view_factory: ViewFactory | None = None) -> None:
         for step in range(ctx.start_step, total):
             step_started = time.perf_counter()
             result = rl_step(ctx, step)
+            result.metrics.update(warm)  # the first step's row carries the warm-up
+            warm = {}
             if ctx.rank == 0:
                 t0 = time.perf_counter()
                 ctx.history.append(step, result.records)

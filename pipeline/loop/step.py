@@ -122,13 +122,19 @@ def settle_tail(tail, launched: list, records: list) -> dict:
 def static_rollout(ctx, step: int, params: Sampling) -> tuple[list, RolloutStats]:
     """This rank's rollouts when every rollout worker runs its own share of the run's
     placement plan (`ctx.placement` runs locally: static, the contiguous split, or any
-    policy on one worker). Each TP group's engine generates the group's share (every rank
-    of the group the same); the rank keeps its own 1/T of it, which is the share it would
-    have had with T = 1 (see `pipeline.loop.tp_groups`)."""
+    policy on one worker): `group_rollout` of its TP group's share of the step's batch."""
     tp = ctx.tp or TPLayout(ctx.world_size)
     batch = ctx.prompts.batch(step)
     share = [batch[g] for g in ctx.placement.share(len(batch), params.n, tp.group_of(ctx.rank),
                                                    tp.groups)]
+    return group_rollout(ctx, share, params)
+
+
+def group_rollout(ctx, share: list, params: Sampling) -> tuple[list, RolloutStats]:
+    """This rank's rollouts of `share`, its TP group's prompts: the group's engine
+    generates them all (every rank of the group the same); the rank keeps its own 1/T,
+    which is the share it would have had with T = 1 (see `pipeline.loop.tp_groups`)."""
+    tp = ctx.tp or TPLayout(ctx.world_size)
     out, stats = rollouts.generate(ctx.engine, ctx.encoder, share, params)
     if tp.tp == 1:
         return out, stats

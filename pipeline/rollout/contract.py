@@ -105,6 +105,10 @@ class DraftingState(Protocol):
         """Between steps: the draft model learns one step's (prompt ids, response ids[,
         the policy's `pipeline.train.teacher.Teacher` or None]); its metrics."""
 
+    def warm_model(self, rollouts: Sequence[tuple], updates: int) -> dict:
+        """Before a fresh run's first step: the draft model's warm-up on the starting
+        policy's responses to prompts the run does not train on; its metrics."""
+
 
 class RolloutBackend(Protocol):
     """generate / stream / update_weights / sleep.

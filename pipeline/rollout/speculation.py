@@ -280,11 +280,16 @@ class Drafting:
         ({} without a draft model)."""
         if self.model is None:
             return {}
-        report = self.model.train(rollouts)
-        return {"draft_loss_before": round(report.loss_before, 6),
-                "draft_loss_after": round(report.loss_after, 6),
-                "draft_train_tokens": report.tokens,
-                "draft_distilled_tokens": report.taught}
+        return _train_metrics(self.model.train(rollouts), "draft_")
+
+    def warm_model(self, rollouts: Sequence[tuple], updates: int) -> dict:
+        """Before a fresh run's first step: the draft model's warm-up (`updates` updates)
+        on the starting policy's (prompt ids, response ids[, teacher]) to prompts the run
+        does not train on; its metrics (`draft_warmup_*`; {} without a draft model)."""
+        if self.model is None:
+            return {}
+        out = _train_metrics(self.model.warm_up(rollouts, updates), "draft_warmup_")
+        return {**out, "draft_warmup_responses": len(rollouts)}
 
     def sources(self) -> dict[str, int]:
         """Drafts served by each tree (prompt, own, global) since the engine started."""
@@ -316,3 +321,12 @@ class Drafting:
                         "spec_model_accepted_tokens": m.accepted,
                         "spec_model_sampled_rows": p.sampled})
         return out
+
+
+def _train_metrics(report, prefix: str) -> dict:
+    """A `TrainReport` as metrics: weighted loss on the call's responses before and after,
+    tokens trained on (with repeats), and response tokens with a teacher."""
+    return {f"{prefix}loss_before": round(report.loss_before, 6),
+            f"{prefix}loss_after": round(report.loss_after, 6),
+            f"{prefix}train_tokens": report.tokens,
+            f"{prefix}distilled_tokens": report.taught}

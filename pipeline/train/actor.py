@@ -153,6 +153,16 @@ class Actor:
         return [self._logprobs(model, batch.rows(s), teachers)
                 for s in self._slices(0, batch.size)]
 
+    def teachers(self, batch: Batch) -> list:
+        """The policy's `Teacher` per row of `batch`, read from a forward of the current
+        weights without an update (the draft model's warm-up, `pipeline.loop.warmup`);
+        empty where `teacher_k` is 0. Every rank calls it (ZeRO-3's forward is collective),
+        with as many rows."""
+        out: list = []
+        if self.teacher_k:
+            self.score(batch.to(self.device), teachers=out)
+        return out
+
     def take_teachers(self) -> list:
         """The last `update`'s `Teacher` per row of its batch, in order (empty where
         `teacher_k` is 0); handed out once."""

@@ -2,8 +2,8 @@
 T = 1 with the critical budget (whose caps follow what it learnt) is the same run whatever
 the drafter thread's timing, also when it is killed after a checkpoint and resumed, with
 or without the run's history index: token for token (docs/speculation.md, "Reproducible
-speculation"). The draft model's online training, its per-request choice and its
-checkpointed state are held to the same standard.
+speculation"). The draft model's warm-up before the first step, its online training, its
+per-request choice and its checkpointed state are held to the same standard.
 
 At T = 1 vLLM's rejection sampler draws its random numbers per draft position, so the
 responses follow the drafts: equal histories need equal drafts, so equal tokens after a
@@ -36,12 +36,14 @@ ARGS = ["data.train_size=8", "data.train_batch_size=4", "train.ppo_mini_batch_si
         "rollout.n=4", "rollout.max_tokens=64", "data.max_prompt_length=24", "data.eval_size=2",
         "rollout.temperature=1.0", f"train.total_steps={STEPS}",
         "run.checkpoint_every=2", "run.eval_every=0", "spec.budget=critical",
-        "spec.method=history+group+model", "rollout.logprob_check_every=1"]
+        "spec.method=history+group+model", "rollout.logprob_check_every=1",
+        "spec.draft_warmup_prompts=4", "spec.draft_warmup_updates=20"]
 # what must match: the counts of each step's speculation, never its seconds
 COUNTS = ("spec_passes", "spec_critical_passes", "spec_drafted_tokens",
           "spec_accepted_tokens", "spec_tau", "spec_tail_passes", "spec_model_chosen",
           "spec_model_drafted_tokens", "spec_model_accepted_tokens", "draft_loss_after",
-          "draft_distilled_tokens", "spec_history_prompts")
+          "draft_distilled_tokens", "spec_history_prompts", "warmup_spec_passes",
+          "warmup_spec_accepted_tokens", "draft_warmup_loss_after")
 
 
 def train(model: Path, run_dir: Path, env_extra: dict | None = None,
@@ -95,6 +97,12 @@ def test_a_slowed_killed_and_resumed_run_is_the_uninterrupted_run_token_for_toke
     assert all(m["draft_distilled_tokens"] == m["gen_tokens"] > 0 for m in whole_metrics)
     # steps 3-4 (epoch 1) draft from their prompts' epoch-0 history; step 1 has none
     assert [c["spec_history_prompts"] for c in a[1]][::2] == [0, 4]
+    # the draft warmed up first, on prompts the run does not train on, in the first row only
+    assert "draft model warmed up on 16 responses" in proc.stderr
+    warm = whole_metrics[0]
+    assert warm["draft_warmup_loss_after"] < warm["draft_warmup_loss_before"]
+    assert warm["warmup_spec_passes"] > 0 and warm["draft_warmup_distilled_tokens"] > 0
+    assert not any(k.startswith(("warmup_", "draft_warmup_")) for m in whole_metrics[1:] for k in m)
 
     slowed = {DELAY_ENV: "0.002"}
     cut = tmp_path / "cut"
@@ -105,6 +113,7 @@ def test_a_slowed_killed_and_resumed_run_is_the_uninterrupted_run_token_for_toke
     proc = train(tiny_model, cut, slowed, fault="after_rollout:2", resume=True)
     assert proc.returncode == -9, proc.stderr[-3000:]
     assert "holds no drafter state" not in proc.stderr and "has no history index" not in proc.stderr
+    assert "warmed up" not in proc.stderr  # its checkpoint holds the warmed-up draft
     b = outcome(cut)
     assert b[1][:2] == a[1][:2]  # steps 1-2 under other timing
     assert [t for t in b[0] if t[0] == 2] == [t for t in a[0] if t[0] == 2]  # step 3, resumed

@@ -209,6 +209,8 @@ RULES = {
     "spec.draft_lr": ("0", "0.0", POSITIVE),
     "spec.draft_vocab": ("-1", "-1", NON_NEGATIVE),
     "spec.draft_distill": ("-1", "-1", NON_NEGATIVE),
+    "spec.draft_warmup_prompts": ("-1", "-1", NON_NEGATIVE),
+    "spec.draft_warmup_updates": ("0", "0", POSITIVE),
     "run.keep_checkpoints": ("0", "0", POSITIVE),
     "run.eval_every": ("-1", "-1", NON_NEGATIVE),
     "run.eval_n": ("-1", "-1", NON_NEGATIVE),

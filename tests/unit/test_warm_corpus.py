@@ -63,18 +63,19 @@ def test_the_warm_up_trains_the_draft_on_the_corpus(tmp_path, random_llama_dir, 
 def test_warm_up_prompts_are_never_training_prompts(tmp_path):
     """A built-in task's come from another seed, none of them trained on; a data set's are
     the rows after data.train_size, and asking past its end names what is left."""
-    from pipeline.bench.warm_corpus import other_prompts
     from pipeline.config import load_config
-    from pipeline.tasks.prompts import train_rows
+    from pipeline.tasks.prompts import eval_prompts, train_rows, warmup_prompts
 
     cfg = load_config(None, ["data.task=sort", "data.train_size=32"])
-    warm = other_prompts(cfg.data, 20)
+    warm = [p.text for p in warmup_prompts(cfg.data, 20)]
     assert len(warm) == len(set(warm)) == 20
     assert not set(warm) & set(train_rows(cfg.data)["prompt"])
+    assert not set(warm) & {p.text for p in eval_prompts(cfg.data, set())}
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": str(i)}) + "\n"
                             for i in range(10)))
     data = load_config(None, [f"data.path={rows}", "data.train_size=6"]).data
-    assert other_prompts(data, 4) == ["q6", "q7", "q8", "q9"]
+    assert [(p.text, p.answer) for p in warmup_prompts(data, 4)] == \
+        [("q6", "6"), ("q7", "7"), ("q8", "8"), ("q9", "9")]
     with pytest.raises(ValueError, match="6 of them trained on: ask for at most 4"):
-        other_prompts(data, 5)
+        warmup_prompts(data, 5)
