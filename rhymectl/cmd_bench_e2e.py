@@ -86,6 +86,12 @@ def render(report: dict) -> None:
               f"Amdahl bound at the baseline's rollout share {ro['rollout_share_baseline']:.1%}: "
               f"{ro['amdahl_bound']:.3f}× (measured / bound {ro['e2e_over_bound']:.3f})",
               markup=False)
+    for key, what in (("passes_over_baseline", "target passes"),
+                      ("critical_passes_over_baseline", "target passes on the steps' critical paths")):
+        if key in report:
+            r = report[key]
+            out.print(f"{what}, accelerated / baseline (a draft warm-up included): "
+                      f"{r['median']:.3f}× (min {r['min']:.3f}, max {r['max']:.3f})", markup=False)
     if d.get("mean") is None:
         out.print(f"held-out: {d.get('note')}", markup=False)
     else:

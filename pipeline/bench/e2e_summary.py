@@ -3,6 +3,9 @@
 Step time is `time_step_s` of metrics.jsonl: the RL step itself (rollout, reward, train,
 sync, gather, index, history append, checkpoint), without process start-up and without the
 held-out evaluations, which are not part of training and are reported as `wall_s` apart.
+A run's `total_s` adds the draft model's warm-up before its first step (`warmup_s`, the
+first row's `time_warmup_*_s`), paid once; its target passes (`passes`, and `critical_passes`:
+each step's passes until its last response finished, summed) add the warm-up rollout's.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ def read_run(run_dir: Path) -> tuple[list[dict], list[dict]]:
 def run_stats(records: list[dict], evals: list[dict]) -> dict:
     """One run: totals, the phase split, rollout per generated token, the last evaluation."""
     steps = [r[STEP] for r in records]
-    total = sum(steps)
+    warmup = sum(float(v) for r in records for k, v in r.items()
+                 if k.startswith("time_warmup_") and k.endswith("_s"))
+    total = sum(steps) + warmup
     phases: dict[str, float] = {}
     for r in records:
         for key, value in r.items():
@@ -37,7 +42,9 @@ def run_stats(records: list[dict], evals: list[dict]) -> dict:
     taus = [r["spec_tau"] for r in records if "spec_tau" in r]
     last = evals[-1] if evals else {}
     return {
-        "steps": len(records), "total_s": round(total, 3),
+        "steps": len(records), "total_s": round(total, 3), "warmup_s": round(warmup, 3),
+        "passes": _passes(records, "spec_passes"),
+        "critical_passes": _passes(records, "spec_critical_passes"),
         "step_time_median_s": round(statistics.median(steps), 4),
         "phases_s": {k: round(v, 3) for k, v in phases.items()},
         "rollout_share": round(phases.get("rollout", 0.0) / total, 4) if total else 0.0,
@@ -47,6 +54,14 @@ def run_stats(records: list[dict], evals: list[dict]) -> dict:
         "final_heldout": {k: v for k, v in last.items() if not k.startswith("per_prompt_")},
         "by_epoch": by_epoch(records),
     }
+
+
+def _passes(records: list[dict], key: str) -> float | None:
+    """`key` summed over the steps and the warm-up (`warmup_` + key); None without
+    speculation metrics."""
+    if not any(key in r for r in records):
+        return None
+    return round(sum(float(r.get(key, 0)) + float(r.get(f"warmup_{key}", 0)) for r in records), 3)
 
 
 def by_epoch(records: list[dict]) -> dict:
@@ -98,6 +113,9 @@ def summarize(plan, results) -> dict:
      "speedup_e2e": {"median", "min", "max"},           baseline / accelerated step time
      "speedup_rollout": {"median", "min", "max", "per_token": {...}, "rollout_share_baseline",
                          "amdahl_bound", "e2e_over_bound"},
+     "passes_over_baseline", "critical_passes_over_baseline": {"median", "min", "max"},
+                                                         accelerated / baseline target passes
+                                                         (both arms speculating only)
      "heldout_diff": {"mean", "ci95", "p", ...}}         final mean@k reward, acc. - base.
     Per-seed ratios pair each seed's two runs (neighbours in time).
     """
@@ -129,6 +147,9 @@ def summarize(plan, results) -> dict:
         "amdahl_bound": round(bound, 4),
         "e2e_over_bound": round(speedup_e2e["median"] / bound, 4)})
     return {"arms": arms, "speedup_e2e": speedup_e2e, "speedup_rollout": speedup_rollout,
+            **{f"{key}_over_baseline": ratio_summary([a[key] / b[key] for b, a in zip(base, acc)])
+               for key in ("passes", "critical_passes")
+               if all(r[key] for r in base) and all(r[key] is not None for r in acc)},
             "heldout_diff": heldout_diff(per_prompt)}
 
 

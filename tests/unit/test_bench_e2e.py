@@ -93,7 +93,7 @@ def test_summary_shape_and_arithmetic(tmp_path):
         results += [RunResult("baseline", seed, p.run_dir("baseline", seed), 30.0),
                     RunResult("accelerated", seed, p.run_dir("accelerated", seed), 25.0)]
     report = summarize(p, results)
-    assert set(report) == {"arms", "speedup_e2e", "speedup_rollout", "heldout_diff"}
+    assert set(report) == {"arms", "speedup_e2e", "speedup_rollout", "heldout_diff"}  # no passes
     assert set(report["arms"]) == {"baseline", "accelerated"}
     assert set(report["speedup_e2e"]) == {"median", "min", "max"}
     assert {"mean", "ci95", "p"} <= set(report["heldout_diff"]) and len(report["heldout_diff"]["ci95"]) == 2
@@ -112,3 +112,29 @@ def test_summary_shape_and_arithmetic(tmp_path):
     d = report["heldout_diff"]
     assert d["mean"] == pytest.approx((0.5 + 0.63 + 0.695) / 3 - (0.5 + 0.6 + 0.705) / 3, abs=1e-6)
     assert d["ci95"][0] < d["mean"] < d["ci95"][1] and 0 <= d["p"] <= 1 and d["runs"] == [2, 2]
+
+
+def test_the_warm_up_is_paid_in_the_total_time_and_the_passes(tmp_path):
+    """A draft warm-up before the first step counts once: its seconds in total_s (not in the
+    step times), its rollout's passes in passes and critical_passes, whose ratios to the
+    baseline's are reported per seed."""
+    p = plan(tmp_path, seeds=(0,))
+    write_run(p.run_dir("baseline", 0), 4.0, 2.0, 1000, [0.5, 0.6])
+    write_run(p.run_dir("accelerated", 0), 3.0, 1.0, 1000, [0.5, 0.6])
+    for arm, passes, warm in (("baseline", 100, None), ("accelerated", 60, 30)):
+        path = p.run_dir(arm, 0) / "metrics.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        for r in rows:
+            r.update(spec_passes=passes, spec_critical_passes=passes // 2)
+        if warm:
+            rows[0].update(warmup_spec_passes=warm, warmup_spec_critical_passes=warm // 3,
+                           time_warmup_rollout_s=1.5, time_warmup_train_s=0.5)
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = summarize(p, [RunResult("baseline", 0, p.run_dir("baseline", 0), 30.0),
+                           RunResult("accelerated", 0, p.run_dir("accelerated", 0), 25.0)])
+    acc = report["arms"]["accelerated"]["runs"][0]
+    assert acc["total_s"] == 8.0 and acc["warmup_s"] == 2.0 and acc["step_time_median_s"] == 3.0
+    assert acc["passes"] == 150 and acc["critical_passes"] == 70
+    assert report["passes_over_baseline"]["median"] == 0.75
+    assert report["critical_passes_over_baseline"]["median"] == 0.7
+    assert report["speedup_e2e"]["median"] == 1.0  # 8 s each: the warm-up ate the gain
