@@ -107,6 +107,9 @@ class MethodResult:
     # the engine as a GPU would build it for this method (`pipeline.gpu_cost.VllmEngine`)
     engine_draft_tokens: int = 0
     max_num_seqs: int = 256
+    # the draft model's warm-up before the first epoch (`spec.draft_warmup_prompts`): its
+    # rollout's passes and critical passes, paid once, outside the measured steps
+    draft_warmup: dict | None = None
 
     def gpu_engine(self) -> VllmEngine:
         return VllmEngine.built_for(self.engine_draft_tokens, self.max_num_seqs)
@@ -205,9 +208,43 @@ def warmup_prompts(plan: Plan, encoder: PromptEncoder) -> list[list[int]]:
     return encoder.encode_many([p.text for p in held_out])
 
 
+def draft_warmup_prompts(plan: Plan, encoder: PromptEncoder) -> list[list[int]]:
+    """The draft model's warm-up prompts of the bench's training config
+    (`spec.draft_warmup_prompts`; `pipeline.loop.batches.warmup_batch`), encoded; [] without
+    a warm-up."""
+    from pipeline.loop.batches import warmup_batch
+
+    return encoder.encode_many([p.text for p in warmup_batch(plan.cfg, 1)])
+
+
+def warm_draft(plan: Plan, engine, method: str, prompts: list[list[int]]) -> dict:
+    """The warm-up a fresh training run gives its draft model (`pipeline.loop.warmup`), on
+    the engine's starting policy before any history: the same prompts, seeds, teacher (the
+    starting policy's) and updates. Its critical path, counted apart (`step_record`'s
+    passes and critical_passes), and the warm-up's loss."""
+    from pipeline.loop.warmup import WARMUP_STEP
+    from pipeline.train.teacher import policy_teachers, teacher_k
+
+    cfg = plan.cfg
+    out = engine.generate(list(prompts), replace(sampling(cfg, WARMUP_STEP), logprobs=False))
+    rollouts = [(ids, list(c.token_ids)) for ids, group in zip(prompts, out.groups)
+                for c in group]
+    if teacher_k(cfg, method):
+        teachers = policy_teachers(Path(cfg.model.path), rollouts, cfg.spec.draft_distill)
+        rollouts = [(p, r, t) for (p, r), t in zip(rollouts, teachers)]
+    trained = engine.drafting.warm_model(rollouts, cfg.spec.draft_warmup_updates)
+    record = step_record(out.stats.passes, out.groups)
+    return {"passes": record["passes"], "critical_passes": record["critical_passes"],
+            "requests": record["requests"], "loss_before": trained["draft_warmup_loss_before"],
+            "loss_after": trained["draft_warmup_loss_after"]}
+
+
 def run_method(plan: Plan, method: str, work: list[EpochWork], advance,
-               warmup: list[list[int]] = ()) -> MethodResult:
-    """Regenerate every epoch's work with one method; `advance()` after each step."""
+               warmup: list[list[int]] = (), draft_warmup: list[list[int]] = ()
+               ) -> MethodResult:
+    """Regenerate every epoch's work with one method; `advance()` after each step. warmup:
+    prompts every engine generates first, unmeasured (compilation); draft_warmup: the
+    draft model's warm-up prompts (`warm_draft`; a method with a draft model only)."""
 
     cfg = plan.cfg
     dist.init()  # one 1-rank group for every engine (vLLM would otherwise make its own)
@@ -222,6 +259,9 @@ def run_method(plan: Plan, method: str, work: list[EpochWork], advance,
             for logprobs in (True, False) if cfg.rollout.logprob_check_every else (False,):
                 engine.generate(list(warmup),
                                 replace(sampling(cfg, -1), seed=None, logprobs=logprobs))
+        if draft_warmup and drafting is not None and drafting.model is not None:
+            result.draft_warmup = warm_draft(plan, engine, method, draft_warmup)
+        seen = drafting.sources() if drafting is not None else {}  # before the measured steps
         for ew in work:
             engine.update_weights(_policy_tensors(ew.policy_dir), ew.epoch)
             _learn_history(engine, method, ew.earlier, prompt_ids_of(work),
@@ -237,7 +277,7 @@ def run_method(plan: Plan, method: str, work: list[EpochWork], advance,
                 advance()
         if drafting is not None:
             result.calibration = drafting.calibration()
-            result.sources = drafting.sources()
+            result.sources = {k: v - seen.get(k, 0) for k, v in drafting.sources().items()}
     finally:
         del engine, drafting
         gc.collect()

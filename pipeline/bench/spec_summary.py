@@ -47,6 +47,8 @@ def summarize(results: dict[str, MethodResult], temperature: float) -> dict[str,
         out[name].update(gpu_estimate(r, base_gpu))
         if r.sources:
             out[name]["draft_sources"] = source_shares(r.sources)
+        if r.draft_warmup:
+            out[name]["draft_warmup"] = r.draft_warmup
         for part, seconds in (r.drafter_parts or {}).items():
             out[name][f"drafter_{part}_s"] = round(seconds, 3)
     return out

@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 from pipeline.atomic import write_json_atomic
-from pipeline.bench.spec import PROGRESS_LINE, build_work, run_method, warmup_prompts
+from pipeline.bench.spec import (PROGRESS_LINE, build_work, draft_warmup_prompts, run_method,
+                                 warmup_prompts)
 from pipeline.bench.spec_plan import make_plan
 from pipeline.config import load_config
 from pipeline.process_exit import exit_now
@@ -34,7 +35,8 @@ def main(argv: list[str]) -> None:
     encoder = PromptEncoder.from_config(plan.cfg.data,
                                         AutoTokenizer.from_pretrained(plan.cfg.model.path))
     work = build_work(plan, encoder)
-    result = run_method(plan, method, work, advance, warmup_prompts(plan, encoder))
+    result = run_method(plan, method, work, advance, warmup_prompts(plan, encoder),
+                        draft_warmup_prompts(plan, encoder))
     write_json_atomic(result_path, dataclasses.asdict(result))
 
 
