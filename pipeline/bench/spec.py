@@ -107,8 +107,8 @@ class MethodResult:
     # the engine as a GPU would build it for this method (`pipeline.gpu_cost.VllmEngine`)
     engine_draft_tokens: int = 0
     max_num_seqs: int = 256
-    # the draft model's warm-up before the first epoch (`spec.draft_warmup_prompts`): its
-    # rollout's passes and critical passes, paid once, outside the measured steps
+    # the draft model's warm-up before the first epoch (`spec.draft_warmup`, `warm_draft`):
+    # the passes it adds (paid once, outside the measured steps), its responses and loss
     draft_warmup: dict | None = None
 
     def gpu_engine(self) -> VllmEngine:
@@ -208,43 +208,58 @@ def warmup_prompts(plan: Plan, encoder: PromptEncoder) -> list[list[int]]:
     return encoder.encode_many([p.text for p in held_out])
 
 
-def draft_warmup_prompts(plan: Plan, encoder: PromptEncoder) -> list[list[int]]:
-    """The draft model's warm-up prompts of the bench's training config
-    (`spec.draft_warmup_prompts`; `pipeline.loop.batches.warmup_batch`), encoded; [] without
-    a warm-up."""
+def draft_warmup_work(plan: Plan, encoder: PromptEncoder) -> tuple[list[tuple], bool]:
+    """The generates whose responses a fresh training run's draft model warms up on
+    (`spec.draft_warmup`, `pipeline.loop.warmup`) as (prompt ids, `Sampling`) pairs, and
+    whether they are passes the run adds (`rollout`) or its evaluation's before step 1
+    (`eval`), which it generates anyway; ([], False) without a warm-up."""
     from pipeline.loop.batches import warmup_batch
-
-    return encoder.encode_many([p.text for p in warmup_batch(plan.cfg, 1)])
-
-
-def warm_draft(plan: Plan, engine, method: str, prompts: list[list[int]]) -> dict:
-    """The warm-up a fresh training run gives its draft model (`pipeline.loop.warmup`), on
-    the engine's starting policy before any history: the same prompts, seeds, teacher (the
-    starting policy's) and updates. Its critical path, counted apart (`step_record`'s
-    passes and critical_passes), and the warm-up's loss."""
+    from pipeline.loop.evaluate import eval_samplings
     from pipeline.loop.warmup import WARMUP_STEP
+
+    cfg = plan.cfg
+    if cfg.spec.draft_warmup == "rollout":
+        ids = encoder.encode_many([p.text for p in warmup_batch(cfg, 1)])
+        return [(ids, replace(sampling(cfg, WARMUP_STEP), logprobs=False))], True
+    if cfg.spec.draft_warmup == "eval":
+        trained = {p.id for p in distinct(train_rows(cfg.data))}
+        ids = encoder.encode_many([p.text for p in eval_prompts(cfg.data, trained)])
+        return [(ids, s) for s in eval_samplings(cfg) if s is not None], False
+    return [], False
+
+
+def warm_draft(plan: Plan, engine, method: str, work: list[tuple], extra: bool) -> dict:
+    """The warm-up a fresh training run gives its draft model (`pipeline.loop.warmup`), on
+    the engine's starting policy before any history: the same responses (`work`,
+    `draft_warmup_work`), teacher (the starting policy) and updates. Its passes and
+    critical passes where it adds a rollout (`extra`; 0 where it learns from the
+    evaluation's), its responses and the warm-up's loss."""
     from pipeline.train.teacher import policy_teachers, teacher_k
 
     cfg = plan.cfg
-    out = engine.generate(list(prompts), replace(sampling(cfg, WARMUP_STEP), logprobs=False))
-    rollouts = [(ids, list(c.token_ids)) for ids, group in zip(prompts, out.groups)
-                for c in group]
+    rollouts, passes, critical = [], 0, 0
+    for prompts, params in work:
+        out = engine.generate(list(prompts), params)
+        rollouts += [(ids, list(c.token_ids)) for ids, group in zip(prompts, out.groups)
+                     for c in group]
+        record = step_record(out.stats.passes, out.groups)
+        passes += record["passes"] if extra else 0
+        critical += record["critical_passes"] if extra else 0
     if teacher_k(cfg, method):
         teachers = policy_teachers(Path(cfg.model.path), rollouts, cfg.spec.draft_distill)
         rollouts = [(p, r, t) for (p, r), t in zip(rollouts, teachers)]
     trained = engine.drafting.warm_model(rollouts, cfg.spec.draft_warmup_updates)
-    record = step_record(out.stats.passes, out.groups)
-    return {"passes": record["passes"], "critical_passes": record["critical_passes"],
-            "requests": record["requests"], "loss_before": trained["draft_warmup_loss_before"],
+    return {"source": cfg.spec.draft_warmup, "responses": len(rollouts), "passes": passes,
+            "critical_passes": critical, "loss_before": trained["draft_warmup_loss_before"],
             "loss_after": trained["draft_warmup_loss_after"]}
 
 
 def run_method(plan: Plan, method: str, work: list[EpochWork], advance,
-               warmup: list[list[int]] = (), draft_warmup: list[list[int]] = ()
+               warmup: list[list[int]] = (), draft_warmup: tuple[list, bool] = ([], False)
                ) -> MethodResult:
     """Regenerate every epoch's work with one method; `advance()` after each step. warmup:
-    prompts every engine generates first, unmeasured (compilation); draft_warmup: the
-    draft model's warm-up prompts (`warm_draft`; a method with a draft model only)."""
+    prompts every engine generates first, unmeasured (compilation); draft_warmup: the draft
+    model's warm-up (`draft_warmup_work`, `warm_draft`; a method with a draft model only)."""
 
     cfg = plan.cfg
     dist.init()  # one 1-rank group for every engine (vLLM would otherwise make its own)
@@ -259,8 +274,8 @@ def run_method(plan: Plan, method: str, work: list[EpochWork], advance,
             for logprobs in (True, False) if cfg.rollout.logprob_check_every else (False,):
                 engine.generate(list(warmup),
                                 replace(sampling(cfg, -1), seed=None, logprobs=logprobs))
-        if draft_warmup and drafting is not None and drafting.model is not None:
-            result.draft_warmup = warm_draft(plan, engine, method, draft_warmup)
+        if draft_warmup[0] and drafting is not None and drafting.model is not None:
+            result.draft_warmup = warm_draft(plan, engine, method, *draft_warmup)
         seen = drafting.sources() if drafting is not None else {}  # before the measured steps
         for ew in work:
             engine.update_weights(_policy_tensors(ew.policy_dir), ew.epoch)

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from pipeline.atomic import write_json_atomic
-from pipeline.bench.spec import (PROGRESS_LINE, build_work, draft_warmup_prompts, run_method,
+from pipeline.bench.spec import (PROGRESS_LINE, build_work, draft_warmup_work, run_method,
                                  warmup_prompts)
 from pipeline.bench.spec_plan import make_plan
 from pipeline.config import load_config
@@ -36,7 +36,7 @@ def main(argv: list[str]) -> None:
                                         AutoTokenizer.from_pretrained(plan.cfg.model.path))
     work = build_work(plan, encoder)
     result = run_method(plan, method, work, advance, warmup_prompts(plan, encoder),
-                        draft_warmup_prompts(plan, encoder))
+                        draft_warmup_work(plan, encoder))
     write_json_atomic(result_path, dataclasses.asdict(result))
 
 

@@ -182,8 +182,8 @@ def draft_model_problems(cfg: Config) -> list[str]:
     defaults, out = SpecConfig(), []
     with_model = [n for n, m in REGISTRY.items() if m.model]
     for key in ("draft_layers", "draft_updates", "draft_window", "draft_lr", "draft_vocab",
-                "draft_device", "draft_probs", "draft_distill", "draft_warmup_prompts",
-                "draft_warmup_updates"):
+                "draft_device", "draft_probs", "draft_distill", "draft_warmup",
+                "draft_warmup_prompts", "draft_warmup_updates"):
         value = getattr(cfg.spec, key)
         if value != getattr(defaults, key):
             out.append(f"spec.{key} = {value} applies to a draft model "

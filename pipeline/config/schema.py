@@ -200,13 +200,16 @@ class SpecConfig:
     # tokens (the policy's argmax) either way
     draft_distill: int = non_negative(8)
     # before a fresh run's first step the draft learns the starting policy
-    # (pipeline.loop.warmup): rollout.n responses to each of draft_warmup_prompts prompts it
-    # does not train on (a data set's rows after data.train_size, a built-in task's of a
-    # seed of their own), sampled under a seed of their own, then draft_warmup_updates
-    # updates against the policy's draft_distill most likely tokens. Its first steps then
-    # draft from a model of the policy, not from the policy's first layer; it costs one
-    # extra rollout, a forward of the trainer and the updates, once. 0: no warm-up
-    draft_warmup_prompts: int = non_negative(0)
+    # (pipeline.loop.warmup): draft_warmup_updates updates against the policy's
+    # draft_distill most likely tokens, on
+    #   eval: the responses of the held-out evaluation before step 1 (greedy and mean@k),
+    #     which the run generates anyway: no extra rollout (needs an evaluation set);
+    #   rollout: rollout.n responses to each of draft_warmup_prompts prompts it does not
+    #     train on (a data set's rows after data.train_size, a built-in task's of a seed
+    #     of their own), sampled under a seed of their own: one extra rollout;
+    #   off: none (the draft starts from the policy's first layer)
+    draft_warmup: Literal["off", "eval", "rollout"] = "off"
+    draft_warmup_prompts: int = positive(32)
     draft_warmup_updates: int = positive(200)
 
     def spec_factor(self) -> float:

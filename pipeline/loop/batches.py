@@ -47,12 +47,13 @@ def even_share(prompts: list, world_size: int) -> list:
 
 
 def warmup_batch(cfg, world_size: int) -> list[Prompt]:
-    """The draft model's warm-up prompts (`pipeline.loop.warmup`) for `world_size` ranks,
-    [] without a warm-up: as many for every rank (ZeRO-3's forward is collective: every
-    rank scores as many rows). A number the data cannot give or the ranks cannot share is
-    refused (UsageError), before the run directory is written."""
+    """The prompts of the draft model's warm-up rollout (`spec.draft_warmup: rollout`,
+    `pipeline.loop.warmup`) for `world_size` ranks, [] without one: as many for every rank
+    (ZeRO-3's forward is collective: every rank scores as many rows). A number the data
+    cannot give or the ranks cannot share is refused (UsageError), before the run
+    directory is written."""
     n = cfg.spec.draft_warmup_prompts
-    if not n:
+    if cfg.spec.draft_warmup != "rollout":
         return []
     try:
         prompts = even_share(warmup_prompts(cfg.data, n), world_size)

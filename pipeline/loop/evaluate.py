@@ -55,26 +55,29 @@ def mean_at_k(rewards: Sequence[Sequence[float]]) -> dict:
             "per_prompt_accuracy": [round(v, 6) for v in per_acc]}
 
 
-def evaluate(ctx: Context, prompts: list[Prompt]) -> dict:
+def evaluate(ctx: Context, prompts: list[Prompt], keep: list | None = None) -> dict:
     """Greedy accuracy and reward, and mean@k at the rollout temperature, over `prompts`,
     split over the engines (TP groups: the ranks of a group generate the same share and only
-    its leader counts it). Per-prompt lists come back in `prompts` order."""
+    its leader counts it). Per-prompt lists come back in `prompts` order. keep: where
+    given, this rank's responses (`Rollout`s, greedy then sampled) are appended to it (the
+    draft model's warm-up, `pipeline.loop.warmup`)."""
     cfg = ctx.cfg
     tp = ctx.tp or TPLayout(ctx.world_size)
     share = prompts[tp.group_of(ctx.rank):: tp.groups]
-    greedy = Sampling(n=1, temperature=0.0, max_tokens=cfg.rollout.max_tokens, logprobs=False)
+    greedy, sampled = eval_samplings(cfg)
     k = cfg.run.eval_n
-    sampled = Sampling.from_rollout(  # scored by reward only
-        cfg.rollout, n=k, seed=(cfg.run.seed + EVAL_SEED_OFFSET) * 65_536,
-        logprobs=False) if k else None
     mine: tuple[list[float], list[list[float]]] = ([], [])
     if share:  # every rank of a TP group drives its engine; only the leader counts
         done, _ = rollouts.generate(ctx.engine, ctx.encoder, share, greedy)
         rollouts.score(done, ctx.reward_fn)
         mine = ([x.reward for x in done], [])
+        if keep is not None:
+            keep.extend(done)
         if sampled is not None:
             done, _ = rollouts.generate(ctx.engine, ctx.encoder, share, sampled)
             rollouts.score(done, ctx.reward_fn)
+            if keep is not None:
+                keep.extend(done)
             mine[1].extend([x.reward for x in done[i * k:(i + 1) * k]] for i in range(len(share)))
         if not tp.is_leader(ctx.rank):
             mine = ([], [])
@@ -82,6 +85,17 @@ def evaluate(ctx: Context, prompts: list[Prompt]) -> dict:
     greedy_rewards, sampled_rewards = _interleave([p[0] for p in parts]), \
         _interleave([p[1] for p in parts])
     return summarize(greedy_rewards, sampled_rewards, k, cfg.rollout.temperature)
+
+
+def eval_samplings(cfg) -> tuple[Sampling, Sampling | None]:
+    """How an evaluation samples: greedy, and `run.eval_n` samples a prompt at the rollout
+    temperature under the run's fixed evaluation seed (None where eval_n is 0)."""
+    greedy = Sampling(n=1, temperature=0.0, max_tokens=cfg.rollout.max_tokens, logprobs=False)
+    k = cfg.run.eval_n
+    sampled = Sampling.from_rollout(  # scored by reward only
+        cfg.rollout, n=k, seed=(cfg.run.seed + EVAL_SEED_OFFSET) * 65_536,
+        logprobs=False) if k else None
+    return greedy, sampled
 
 
 def summarize(greedy_rewards: list[float], sampled_rewards: list[list[float]], k: int,

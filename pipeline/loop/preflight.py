@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from pipeline.config import Config, ConfigError
+from pipeline.config.methods import method
 from pipeline.config.load import draft_model_problems
 from pipeline.errors import UsageError
 from pipeline.loop import loggers, rundir, tp_groups
@@ -21,7 +22,7 @@ from pipeline.sched.registry import RolloutPlacement
 from pipeline.tasks.chat import PromptEncoder
 from pipeline.tasks.data import resolve_reward
 from pipeline.tasks.math_rewards import REWARDS
-from pipeline.tasks.prompts import train_rows
+from pipeline.tasks.prompts import eval_prompts, train_rows
 
 
 def preflight(cfg: Config, world_size: int, local_world: int | None = None,
@@ -59,6 +60,11 @@ def preflight(cfg: Config, world_size: int, local_world: int | None = None,
         if dataset is not None:
             longest = attempt(longest_prompt_tokens, model_dir, dataset["prompt"], cfg.data)
     warmup = attempt(warmup_batch, cfg, world_size) or []
+    if cfg.spec.draft_warmup == "eval" and method(cfg.spec.method).model \
+            and dataset is not None and not attempt(eval_prompts, cfg.data, set()):
+        problems.append("spec.draft_warmup = eval learns from the held-out evaluation before "
+                        "step 1, and this run has none (data.eval_path unset or "
+                        "data.eval_size 0): give it one, or use spec.draft_warmup=rollout")
     if warmup and model_dir is not None:
         longest = max(longest or 0, attempt(longest_prompt_tokens, model_dir,
                                             [p.text for p in warmup], cfg.data) or 0)

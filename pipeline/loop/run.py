@@ -202,12 +202,14 @@ def train(ctx: Context, view_factory: ViewFactory | None = None) -> None:
     last: dict = {}
     console_on = "console" in cfg.run.loggers
     show = view_factory if ctx.rank == 0 and view_factory is not None and console_on else None
-    warm = warm_up(ctx) if ctx.start_step == 0 else {}  # a resumed run's draft is warm
-    if warm and ctx.rank == 0:
-        print(describe(warm, cfg.spec.draft_warmup_updates), file=sys.stderr, flush=True)
-    first = run_eval(ctx, 0) if ctx.start_step == 0 else {}
+    fresh = ctx.start_step == 0  # a resumed run's draft is warm: its checkpoint's
+    evaluated = [] if fresh and cfg.spec.draft_warmup == "eval" else None
+    first = run_eval(ctx, 0, evaluated) if fresh else {}
     if ctx.rank == 0 and first:
         ctx.evals.append(first)
+    warm = warm_up(ctx, evaluated) if fresh else {}
+    if warm and ctx.rank == 0:
+        print(describe(warm, cfg.spec.draft_warmup_updates), file=sys.stderr, flush=True)
     with show(total, ctx.start_step) if show else nullcontext() as view:
         if view is not None and first:
             view.show_eval({"step": 0, **{f"eval_{k}": v for k, v in first.items()
@@ -250,11 +252,11 @@ def train(ctx: Context, view_factory: ViewFactory | None = None) -> None:
                             for e in (ctx.evals.read() if ctx.evals else [])]}
 
 
-def run_eval(ctx: Context, steps_done: int) -> dict:
+def run_eval(ctx: Context, steps_done: int, keep: list | None = None) -> dict:
     """Held-out evaluation (greedy and mean@k): the eval.jsonl row rank 0 appends ({} without
-    prompts), per-prompt lists included."""
+    prompts), per-prompt lists included. keep: see `evaluate`."""
     if not ctx.eval_set:
         return {}
-    result = evaluate(ctx, ctx.eval_set)
+    result = evaluate(ctx, ctx.eval_set, keep)
     fault("mid_eval")
     return {"step": steps_done, **result}

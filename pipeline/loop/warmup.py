@@ -1,17 +1,20 @@
-"""Warming the draft model up before a fresh run's first step (`spec.draft_warmup_prompts`).
+"""Warming the draft model up before a fresh run's first step (`spec.draft_warmup`).
 
 A draft model starts as the policy's embeddings, head and a layer or two, and learns the
 policy only from the run's own rollouts, so the first steps draft from a poor model of it.
-The warm-up teaches it the starting policy first, as the first phase of a fresh run:
+The warm-up teaches it the starting policy first, right after the held-out evaluation
+before step 1:
 
-1. rollout: `rollout.n` responses to each warm-up prompt (`ctx.warmup_set`: prompts the run
-   does not train on: `pipeline.loop.batches.warmup_batch`), sampled as a step samples
-   them but under the seeds of step -1, apart from every step's; each TP group generates
-   its contiguous share, each rank keeps its own (every rank as many: the set is cut to a
-   multiple of the ranks);
+1. responses of the starting policy to prompts the run does not train on:
+   - `eval`: the evaluation's own (greedy and mean@k), which the run generates anyway;
+     each TP group's leader contributes its share;
+   - `rollout`: a rollout of `rollout.n` responses to each warm-up prompt (`ctx.warmup_set`,
+     `pipeline.loop.batches.warmup_batch`), sampled as a step samples them but under the
+     seeds of step -1, apart from every step's; each rank keeps its own (as many each);
 2. teacher: the trainer's forward over them without an update (the engine sleeps
    meanwhile, then wakes with the same weights): the policy's `spec.draft_distill` most
-   likely tokens at every response token (skipped where the draft learns sampled tokens);
+   likely tokens at every response token (skipped where the draft learns sampled tokens).
+   Every rank scores as many rows (ZeRO-3's forward is collective): the fewest any has;
 3. training: every rank's responses gathered, `spec.draft_warmup_updates` updates of the
    draft (`DraftTrainer.warm_up`); the per-step training goes on from those weights.
 
@@ -33,22 +36,31 @@ from pipeline.loop.step import gather_teachers, group_rollout, rollout_metrics, 
 from pipeline.loop.timer import PhaseTimer
 from pipeline.loop.tp_groups import TPLayout
 
-WARMUP_STEP = -1  # the warm-up samples with the seeds a step before step 0 would have
+WARMUP_STEP = -1  # the warm-up rollout samples with the seeds a step before step 0 would
 
 
-def warm_up(ctx) -> dict:
+def warm_up(ctx, evaluated: list | None = None) -> dict:
     """The draft model's warm-up (see the module docstring) on every rank; its metrics
-    ({} where there is nothing to warm up)."""
-    drafting = ctx.engine.drafting
-    if not ctx.warmup_set or drafting is None or drafting.model is None:
+    ({} where there is nothing to warm up). evaluated: this rank's responses of the
+    evaluation before step 1 (`spec.draft_warmup: eval`)."""
+    drafting, source = ctx.engine.drafting, ctx.cfg.spec.draft_warmup
+    if source == "off" or drafting is None or drafting.model is None:
         return {}
-    cfg, phases = ctx.cfg, PhaseTimer()
-    params = replace(sampling(cfg, WARMUP_STEP), logprobs=False)
+    cfg, phases, out = ctx.cfg, PhaseTimer(), {}
     tp = ctx.tp or TPLayout(ctx.world_size)
-    with phases("warmup_rollout"):
-        share = shard(ctx.warmup_set, tp.group_of(ctx.rank), tp.groups)
-        group, stats = group_rollout(ctx, share, params)
-    out = {f"warmup_{k}": v for k, v in rollout_metrics(stats, drafting, tail=False).items()}
+    if source == "rollout":
+        with phases("warmup_rollout"):
+            share = shard(ctx.warmup_set, tp.group_of(ctx.rank), tp.groups)
+            group, stats = group_rollout(ctx, share,
+                                         replace(sampling(cfg, WARMUP_STEP), logprobs=False))
+        out = {f"warmup_{k}": v for k, v in rollout_metrics(stats, drafting, tail=False).items()}
+        counts = True  # every rank's own 1/T of its group's share
+    else:
+        group, counts = list(evaluated or []), tp.is_leader(ctx.rank)
+    rows = min(dist.all_gather(len(group)))
+    if not rows:
+        return {}
+    group = group[:rows]
     teachers: list = []
     if ctx.actor.teacher_k:
         with phases("warmup_teacher"):
@@ -57,9 +69,10 @@ def warm_up(ctx) -> dict:
             teachers = ctx.actor.teachers(batch)
             ctx.engine.update_weights(ctx.actor.named_weights(), ctx.policy_version)
     with phases("warmup_gather"):
-        mine = [(r.prompt_ids, list(r.completion.token_ids)) for r in group]
+        mine = [(r.prompt_ids, list(r.completion.token_ids)) for r in group] if counts else []
         pairs = [x for rank_pairs in dist.all_gather(mine) for x in rank_pairs]
-        taught = gather_teachers(teachers) if ctx.actor.teacher_k else [None] * len(pairs)
+        taught = gather_teachers(teachers if counts else []) if ctx.actor.teacher_k \
+            else [None] * len(pairs)
     with phases("warmup_train"):
         out.update(drafting.warm_model([(p, r, t) for (p, r), t in zip(pairs, taught)],
                                        cfg.spec.draft_warmup_updates))

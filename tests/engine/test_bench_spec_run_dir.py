@@ -91,36 +91,41 @@ def test_critical_path_keys_from_the_real_engine(tiny_model, one_rank):
 
 
 def test_the_draft_warm_up_a_training_run_gives_is_counted_apart(tiny_model, one_rank):
-    """With spec.draft_warmup_prompts the bench gives a draft model's engine the warm-up a
-    fresh training run gives it (the same prompts, seeds, teacher and updates) before any
-    history, on the real engine: its rollout's passes are reported apart from the measured
-    steps', and the draft learnt (its loss fell, its weights moved)."""
+    """With spec.draft_warmup the bench gives a draft model's engine the warm-up a fresh
+    training run gives it (the same responses, teacher and updates) before any history, on
+    the real engine: a warm-up rollout's passes are reported apart from the measured
+    steps', the evaluation's are not counted (the run pays them anyway), and the draft
+    learnt (its loss fell, its weights moved)."""
     from dataclasses import replace
     from types import SimpleNamespace
 
     import torch
     from transformers import AutoTokenizer
 
-    from pipeline.bench.spec import draft_warmup_prompts, warm_draft
+    from pipeline.bench.spec import draft_warmup_work, warm_draft
     from pipeline.config import load_config
     from pipeline.rollout.engine import RolloutEngine
     from pipeline.tasks.chat import PromptEncoder
 
     cfg = load_config(REPO / "sample_configs/tiny.yaml",
                       [f"model.path={tiny_model}", "spec.method=history+group+model",
-                       "spec.draft_warmup_prompts=4", "spec.draft_warmup_updates=10",
-                       "rollout.n=4", "rollout.max_tokens=48"])
-    plan = SimpleNamespace(cfg=cfg)
+                       "spec.draft_warmup=rollout", "spec.draft_warmup_prompts=4",
+                       "spec.draft_warmup_updates=10", "rollout.n=4", "rollout.max_tokens=48",
+                       "data.eval_size=3", "run.eval_n=2"])
     encoder = PromptEncoder.from_config(cfg.data, AutoTokenizer.from_pretrained(str(tiny_model)))
-    prompts = draft_warmup_prompts(plan, encoder)
-    assert len(prompts) == 4
-    assert draft_warmup_prompts(SimpleNamespace(cfg=replace(
-        cfg, spec=replace(cfg.spec, draft_warmup_prompts=0))), encoder) == []
+    work, extra = draft_warmup_work(SimpleNamespace(cfg=cfg), encoder)
+    assert extra and [(len(p), s.n) for p, s in work] == [(4, 4)]
     engine = RolloutEngine.from_config(cfg)
     model = engine.drafting.model.trainer.model
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    warm = warm_draft(plan, engine, cfg.spec.method, prompts)
-    assert warm["requests"] == 16 and 0 < warm["critical_passes"] <= warm["passes"]
+    warm = warm_draft(SimpleNamespace(cfg=cfg), engine, cfg.spec.method, work, extra)
+    assert warm["responses"] == 16 and 0 < warm["critical_passes"] <= warm["passes"]
     assert warm["loss_after"] < warm["loss_before"]
     assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    evaluated = SimpleNamespace(cfg=replace(cfg, spec=replace(cfg.spec, draft_warmup="eval")))
+    work, extra = draft_warmup_work(evaluated, encoder)  # greedy, then eval_n samples each
+    assert not extra and [(len(p), s.n, s.temperature) for p, s in work] == \
+        [(3, 1, 0.0), (3, 2, cfg.rollout.temperature)]
+    warm = warm_draft(evaluated, engine, cfg.spec.method, work, extra)
+    assert warm["responses"] == 9 and warm["passes"] == warm["critical_passes"] == 0
     del engine

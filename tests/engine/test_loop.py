@@ -143,15 +143,17 @@ def test_two_ranks_under_torchrun_and_a_sigterm_to_rhymectl_alone_stops_them(tin
     the batch over both. Then `kill PID` of rhymectl (a process manager's stop) once a
     checkpoint is committed: torchrun and both ranks stop too, the run directory's lock is
     free for `--resume`, one error line. Under history+group+model: every rank's draft
-    model learns the policy's distribution at every response token of both ranks (the
-    teachers gathered in the records' order)."""
+    model warms up on both ranks' responses of the evaluation before step 1 and learns the
+    policy's distribution at every response token of both ranks (the teachers gathered in
+    the records' order)."""
     from pipeline.loop import lock
     from pipeline.train import checkpoint
 
     run_dir = tmp_path / "ddp"
     cmd = [sys.executable, "-m", "rhymectl", "train", str(REPO / "sample_configs/tiny.yaml"),
            f"model.path={tiny_model}", f"run.dir={run_dir}", *SMALL, "train.total_steps=200",
-           "spec.method=history+group+model", "--nproc", "2"]
+           "spec.method=history+group+model", "spec.draft_warmup=eval",
+           "spec.draft_warmup_updates=10", "--nproc", "2"]
     proc = subprocess.Popen(cmd, cwd=REPO, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
@@ -179,6 +181,11 @@ def test_two_ranks_under_torchrun_and_a_sigterm_to_rhymectl_alone_stops_them(tin
     assert m["step"] == 1
     assert m["rollout_chunks"] >= 16  # sched.policy auto: seer placed the batch over both ranks
     assert m["draft_distilled_tokens"] == m["gen_tokens"] > 0
+    # the draft warmed up on both ranks' evaluation responses (12 prompts, greedy and 4
+    # samples each), taught by the trainer's forward on both, with no rollout of its own
+    assert m["draft_warmup_responses"] == 12 * 5 and "warmup_spec_passes" not in m
+    assert m["draft_warmup_distilled_tokens"] > 0
+    assert m["draft_warmup_loss_after"] < m["draft_warmup_loss_before"]
     # the cost model the next step places with, measured on both ranks' passes (one step
     # of tiny passes may not determine base and per-token cost: then the default's stay)
     assert m["sched_pass_base_ms"] > 0 and m["sched_pass_per_token_ms"] > 0 and m["sched_tau"] >= 1.0

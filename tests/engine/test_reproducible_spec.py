@@ -37,7 +37,8 @@ ARGS = ["data.train_size=8", "data.train_batch_size=4", "train.ppo_mini_batch_si
         "rollout.temperature=1.0", f"train.total_steps={STEPS}",
         "run.checkpoint_every=2", "run.eval_every=0", "spec.budget=critical",
         "spec.method=history+group+model", "rollout.logprob_check_every=1",
-        "spec.draft_warmup_prompts=4", "spec.draft_warmup_updates=20"]
+        "spec.draft_warmup=rollout", "spec.draft_warmup_prompts=4",
+        "spec.draft_warmup_updates=20"]
 # what must match: the counts of each step's speculation, never its seconds
 COUNTS = ("spec_passes", "spec_critical_passes", "spec_drafted_tokens",
           "spec_accepted_tokens", "spec_tau", "spec_tail_passes", "spec_model_chosen",

@@ -391,6 +391,21 @@ def test_prompt_and_response_longer_than_the_context(capsys, real_model, prompts
         "tokens; lower rollout.max_tokens")
 
 
+def test_a_draft_warm_up_the_data_cannot_give_fails_the_dry_run(capsys, real_model, prompts16):
+    model = (f"model.path={real_model}", f"data.path={prompts16}",
+             "spec.method=history+group+model")
+    assert dry_run(capsys, *model, "spec.draft_warmup=eval") == (
+        "spec.draft_warmup = eval learns from the held-out evaluation before step 1, and this "
+        "run has none (data.eval_path unset or data.eval_size 0): give it one, or use "
+        "spec.draft_warmup=rollout")
+    assert dry_run(capsys, *model, "data.train_size=12", "spec.draft_warmup=rollout",
+                   "spec.draft_warmup_prompts=8", "data.train_batch_size=4",
+                   "train.ppo_mini_batch_size=4") == (
+        "spec.draft_warmup_prompts = 8: the data set has 16 rows, 12 of them trained on: ask "
+        "for at most 4 warm-up prompts (spec.draft_warmup_prompts), or train on fewer "
+        "(data.train_size)")
+
+
 def test_a_dry_run_that_passes_prints_the_config_and_the_checks(capsys, tmp_path, real_model,
                                                                 prompts16):
     before = sorted(p.name for p in tmp_path.iterdir())

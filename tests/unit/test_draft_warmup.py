@@ -64,7 +64,10 @@ def test_no_warm_up_asks_for_no_prompts_and_a_warm_up_shares_evenly():
     assert warmup_batch(load_config(None, ["data.task=sort"]), 4) == []
     assert even_share(list(range(10)), 4) == list(range(8))
     cfg = load_config(None, ["data.task=sort", "data.train_size=32",
-                             "spec.method=history+group+model", "spec.draft_warmup_prompts=10"])
+                             "spec.method=history+group+model", "spec.draft_warmup=rollout",
+                             "spec.draft_warmup_prompts=10"])
+    assert warmup_batch(load_config(None, ["data.task=sort", "spec.method=history+group+model",
+                                           "spec.draft_warmup=eval"]), 4) == []
     warm = warmup_batch(cfg, 4)
     assert len(warm) == 8 and len({p.id for p in warm}) == 8
 
@@ -75,12 +78,13 @@ def test_warm_up_prompts_the_data_or_the_ranks_cannot_give_are_refused_in_one_li
                             for i in range(10)))
     cfg = load_config(None, [f"data.path={rows}", "data.train_size=6",
                              "data.train_batch_size=2", "train.ppo_mini_batch_size=2",
-                             "spec.method=history+group+model", "spec.draft_warmup_prompts=5"])
+                             "spec.method=history+group+model", "spec.draft_warmup=rollout",
+                             "spec.draft_warmup_prompts=5"])
     with pytest.raises(UsageError, match=r"^spec.draft_warmup_prompts = 5: the data set has 10 "
                                          r"rows, 6 of them trained on: ask for at most 4"):
         warmup_batch(cfg, 1)
     cfg = load_config(None, ["data.task=sort", "spec.method=history+group+model",
-                             "spec.draft_warmup_prompts=3"])
+                             "spec.draft_warmup=rollout", "spec.draft_warmup_prompts=3"])
     with pytest.raises(UsageError, match="fewer than the 4 ranks.*at least 4, or 0"):
         warmup_batch(cfg, 4)
 
@@ -89,7 +93,7 @@ def test_a_warm_up_without_a_draft_model_is_refused():
     from pipeline.config.load import draft_model_problems
 
     cfg = load_config(None, ["data.task=sort", "spec.method=history+group",
-                             "spec.draft_warmup_prompts=16"])
+                             "spec.draft_warmup=eval"])
     assert draft_model_problems(cfg) == [
-        "spec.draft_warmup_prompts = 16 applies to a draft model (history+group+model), and "
+        "spec.draft_warmup = eval applies to a draft model (history+group+model), and "
         "spec.method is history+group: remove it or use that method"]
