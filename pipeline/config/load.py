@@ -211,7 +211,9 @@ def _build(cls, raw: Any, prefix: str, problems: list[str]):
             continue
         ok, value, allowed = _coerce(raw[name], hint)
         if not ok:
-            problems.append(f"{key} = {raw[name]!r} is not allowed; expected {allowed}")
+            read_as = " (YAML reads off, no and false as False: quote the word)" \
+                if isinstance(raw[name], bool) and get_origin(hint) is Literal else ""
+            problems.append(f"{key} = {raw[name]!r}{read_as} is not allowed; expected {allowed}")
             continue
         check = f.metadata.get("check")
         if check and value is not None and not check[1](value):

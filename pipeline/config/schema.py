@@ -207,8 +207,8 @@ class SpecConfig:
     #   rollout: rollout.n responses to each of draft_warmup_prompts prompts it does not
     #     train on (a data set's rows after data.train_size, a built-in task's of a seed
     #     of their own), sampled under a seed of their own: one extra rollout;
-    #   off: none (the draft starts from the policy's first layer)
-    draft_warmup: Literal["off", "eval", "rollout"] = "off"
+    #   none: no warm-up (the draft starts from the policy's first layer)
+    draft_warmup: Literal["none", "eval", "rollout"] = "none"
     draft_warmup_prompts: int = positive(32)
     draft_warmup_updates: int = positive(200)
 

@@ -44,7 +44,7 @@ def warm_up(ctx, evaluated: list | None = None) -> dict:
     ({} where there is nothing to warm up). evaluated: this rank's responses of the
     evaluation before step 1 (`spec.draft_warmup: eval`)."""
     drafting, source = ctx.engine.drafting, ctx.cfg.spec.draft_warmup
-    if source == "off" or drafting is None or drafting.model is None:
+    if source == "none" or drafting is None or drafting.model is None:
         return {}
     cfg, phases, out = ctx.cfg, PhaseTimer(), {}
     tp = ctx.tp or TPLayout(ctx.world_size)
