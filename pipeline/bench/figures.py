@@ -163,9 +163,12 @@ def _e2e_phases(ax, arms: dict) -> None:
     names = list(arms)
     phases = list(dict.fromkeys(p for a in arms.values() for p in a["phases_s_per_step"]))
     bottom = [0.0] * len(names)
-    for phase in phases:
+    from matplotlib import colormaps
+
+    colors = colormaps["tab20"].colors  # distinct for up to 20 phases (warm-up's included)
+    for i, phase in enumerate(phases):
         values = [arms[n]["phases_s_per_step"].get(phase, 0.0) for n in names]
-        ax.bar(names, values, bottom=bottom, label=phase)
+        ax.bar(names, values, bottom=bottom, label=phase, color=colors[i % len(colors)])
         bottom = [b + v for b, v in zip(bottom, values)]
     ax.set(title="seconds per step by phase (mean over seeds)", ylabel="s")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
