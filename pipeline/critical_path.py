@@ -122,4 +122,15 @@ def critical_path(log: PassLog, tail_frac: float = TAIL_FRAC) -> StepPath:
                     critical_tau=critical_tau, tail_tau=tail_tau)
 
 
-__all__ = ["PassLog", "StepPath", "TAIL_FRAC", "critical_path", "tail_start"]
+def step_record(counts, groups) -> dict:
+    """One step's critical path from the engine's pass counts (`PassCounts`) and the
+    step's completions, with its passes' running requests and scheduled tokens."""
+    log = counts.pass_log({c.request_id: len(c.token_ids) for group in groups for c in group})
+    path = critical_path(log)
+    return {"requests": len(log.finish), "passes": path.passes,
+            "critical_passes": path.critical_passes,
+            "tail_passes": path.tail_passes, "critical_tau": path.critical_tau,
+            "tail_tau": path.tail_tau, "running": list(log.running), "tokens": list(log.tokens)}
+
+
+__all__ = ["PassLog", "StepPath", "TAIL_FRAC", "critical_path", "step_record", "tail_start"]

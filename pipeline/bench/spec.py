@@ -16,6 +16,10 @@ physical limit of that work on this machine), drafter_s / drafter_frac (time ins
 drafter) and, at temperature 0, whether its responses are token-identical to none's.
 rhymectl's drafters also report drafter_{live_in,queries,group_ends}_s: where the drafter's
 time went (`pipeline.drafting.stats.DrafterTimes`), summed over the measured generates.
+With `spec.draft_warmup` a draft model's engine first gets a training run's warm-up
+(`pipeline.bench.spec_warmup`), reported as draft_warmup: its responses, loss, and the
+passes of its own rollout (0 where it learns from the evaluation's), apart from the
+measured steps'.
 
 The critical path, per step (`pipeline.critical_path`; each key is the median over the
 measured steps, KEY_steps the per-step values): passes_per_step, critical_passes (passes
@@ -51,9 +55,10 @@ from typing import Callable
 from pipeline import children
 from pipeline import distributed as dist
 from pipeline.bench.spec_plan import Plan
+from pipeline.bench.spec_warmup import warm_draft
 from pipeline.costs import H100_7B, Roofline
 from pipeline.gpu_cost import GpuPassModel, VllmEngine
-from pipeline.critical_path import critical_path
+from pipeline.critical_path import step_record
 from pipeline.drafting.stats import DrafterTimes
 from pipeline.errors import RuntimeFailure, UsageError
 from pipeline.history.store import HistoryStore, prompt_hash
@@ -136,17 +141,6 @@ class MethodResult:
         self.drafter_parts = so_far.plus(times).as_dict(6)
 
 
-def step_record(counts, groups) -> dict:
-    """One step's critical path from the engine's pass counts (`PassCounts`) and the
-    step's completions, with its passes' running requests and scheduled tokens."""
-    log = counts.pass_log({c.request_id: len(c.token_ids) for group in groups for c in group})
-    path = critical_path(log)
-    return {"requests": len(log.finish), "passes": path.passes,
-            "critical_passes": path.critical_passes,
-            "tail_passes": path.tail_passes, "critical_tau": path.critical_tau,
-            "tail_tau": path.tail_tau, "running": list(log.running), "tokens": list(log.tokens)}
-
-
 def build_work(plan: Plan, encoder: PromptEncoder) -> list[EpochWork]:
     """Epoch 1 .. E-1 of the plan's run: prompts per step and the history before each."""
 
@@ -208,58 +202,12 @@ def warmup_prompts(plan: Plan, encoder: PromptEncoder) -> list[list[int]]:
     return encoder.encode_many([p.text for p in held_out])
 
 
-def draft_warmup_work(plan: Plan, encoder: PromptEncoder) -> tuple[list[tuple], bool]:
-    """The generates whose responses a fresh training run's draft model warms up on
-    (`spec.draft_warmup`, `pipeline.loop.warmup`) as (prompt ids, `Sampling`) pairs, and
-    whether they are passes the run adds (`rollout`) or its evaluation's before step 1
-    (`eval`), which it generates anyway; ([], False) without a warm-up."""
-    from pipeline.loop.batches import warmup_batch
-    from pipeline.loop.evaluate import eval_samplings
-    from pipeline.loop.warmup import WARMUP_STEP
-
-    cfg = plan.cfg
-    if cfg.spec.draft_warmup == "rollout":
-        ids = encoder.encode_many([p.text for p in warmup_batch(cfg, 1)])
-        return [(ids, replace(sampling(cfg, WARMUP_STEP), logprobs=False))], True
-    if cfg.spec.draft_warmup == "eval":
-        trained = {p.id for p in distinct(train_rows(cfg.data))}
-        ids = encoder.encode_many([p.text for p in eval_prompts(cfg.data, trained)])
-        return [(ids, s) for s in eval_samplings(cfg) if s is not None], False
-    return [], False
-
-
-def warm_draft(plan: Plan, engine, method: str, work: list[tuple], extra: bool) -> dict:
-    """The warm-up a fresh training run gives its draft model (`pipeline.loop.warmup`), on
-    the engine's starting policy before any history: the same responses (`work`,
-    `draft_warmup_work`), teacher (the starting policy) and updates. Its passes and
-    critical passes where it adds a rollout (`extra`; 0 where it learns from the
-    evaluation's), its responses and the warm-up's loss."""
-    from pipeline.train.teacher import policy_teachers, teacher_k
-
-    cfg = plan.cfg
-    rollouts, passes, critical = [], 0, 0
-    for prompts, params in work:
-        out = engine.generate(list(prompts), params)
-        rollouts += [(ids, list(c.token_ids)) for ids, group in zip(prompts, out.groups)
-                     for c in group]
-        record = step_record(out.stats.passes, out.groups)
-        passes += record["passes"] if extra else 0
-        critical += record["critical_passes"] if extra else 0
-    if teacher_k(cfg, method):
-        teachers = policy_teachers(Path(cfg.model.path), rollouts, cfg.spec.draft_distill)
-        rollouts = [(p, r, t) for (p, r), t in zip(rollouts, teachers)]
-    trained = engine.drafting.warm_model(rollouts, cfg.spec.draft_warmup_updates)
-    return {"source": cfg.spec.draft_warmup, "responses": len(rollouts), "passes": passes,
-            "critical_passes": critical, "loss_before": trained["draft_warmup_loss_before"],
-            "loss_after": trained["draft_warmup_loss_after"]}
-
-
 def run_method(plan: Plan, method: str, work: list[EpochWork], advance,
                warmup: list[list[int]] = (), draft_warmup: tuple[list, bool] = ([], False)
                ) -> MethodResult:
     """Regenerate every epoch's work with one method; `advance()` after each step. warmup:
     prompts every engine generates first, unmeasured (compilation); draft_warmup: the draft
-    model's warm-up (`draft_warmup_work`, `warm_draft`; a method with a draft model only)."""
+    model's warm-up (`pipeline.bench.spec_warmup`; a method with a draft model only)."""
 
     cfg = plan.cfg
     dist.init()  # one 1-rank group for every engine (vLLM would otherwise make its own)
@@ -363,4 +311,4 @@ def _policy_tensors(policy_dir: Path):
 
 
 __all__ = ["EpochWork", "FIGURE_METHODS", "GPU_MODEL", "GPU_PASSES", "MethodResult", "STEP_KEYS",
-           "StepWork", "build_work", "run_method", "step_record"]
+           "StepWork", "build_work", "run_method"]

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from pipeline.atomic import write_json_atomic
-from pipeline.bench.spec import (PROGRESS_LINE, build_work, draft_warmup_work, run_method,
-                                 warmup_prompts)
+from pipeline.bench.spec import PROGRESS_LINE, build_work, run_method, warmup_prompts
+from pipeline.bench.spec_warmup import draft_warmup_work
 from pipeline.bench.spec_plan import make_plan
 from pipeline.config import load_config
 from pipeline.process_exit import exit_now

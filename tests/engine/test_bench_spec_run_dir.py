@@ -102,7 +102,7 @@ def test_the_draft_warm_up_a_training_run_gives_is_counted_apart(tiny_model, one
     import torch
     from transformers import AutoTokenizer
 
-    from pipeline.bench.spec import draft_warmup_work, warm_draft
+    from pipeline.bench.spec_warmup import draft_warmup_work, warm_draft
     from pipeline.config import load_config
     from pipeline.rollout.engine import RolloutEngine
     from pipeline.tasks.chat import PromptEncoder
