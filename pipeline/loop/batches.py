@@ -62,7 +62,7 @@ def warmup_batch(cfg, world_size: int) -> list[Prompt]:
     if not prompts:
         raise UsageError(f"spec.draft_warmup_prompts = {n} is fewer than the {world_size} "
                          f"ranks, which share the warm-up evenly: ask for at least "
-                         f"{world_size}, or 0")
+                         f"{world_size}, or use spec.draft_warmup=eval")
     return prompts
 
 

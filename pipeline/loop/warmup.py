@@ -54,9 +54,9 @@ def warm_up(ctx, evaluated: list | None = None) -> dict:
             group, stats = group_rollout(ctx, share,
                                          replace(sampling(cfg, WARMUP_STEP), logprobs=False))
         out = {f"warmup_{k}": v for k, v in rollout_metrics(stats, drafting, tail=False).items()}
-        counts = True  # every rank's own 1/T of its group's share
+        contributes = True  # every rank's own 1/T of its group's share
     else:
-        group, counts = list(evaluated or []), tp.is_leader(ctx.rank)
+        group, contributes = list(evaluated or []), tp.is_leader(ctx.rank)
     rows = min(dist.all_gather(len(group)))
     if not rows:
         return {}
@@ -69,9 +69,9 @@ def warm_up(ctx, evaluated: list | None = None) -> dict:
             teachers = ctx.actor.teachers(batch)
             ctx.engine.update_weights(ctx.actor.named_weights(), ctx.policy_version)
     with phases("warmup_gather"):
-        mine = [(r.prompt_ids, list(r.completion.token_ids)) for r in group] if counts else []
+        mine = [(r.prompt_ids, list(r.completion.token_ids)) for r in group if contributes]
         pairs = [x for rank_pairs in dist.all_gather(mine) for x in rank_pairs]
-        taught = gather_teachers(teachers if counts else []) if ctx.actor.teacher_k \
+        taught = gather_teachers(teachers if contributes else []) if ctx.actor.teacher_k \
             else [None] * len(pairs)
     with phases("warmup_train"):
         out.update(drafting.warm_model([(p, r, t) for (p, r), t in zip(pairs, taught)],

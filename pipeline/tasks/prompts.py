@@ -69,8 +69,8 @@ def warmup_prompts(data: DataConfig, n: int) -> list[Prompt]:
     """`n` prompts of the run's task that it does not train on, for the draft model's
     warm-up: a data set's rows after its first `data.train_size` (in order), or a built-in
     task's prompts of a seed of their own, none of them a training or evaluation prompt
-    (not that it would change what is learnt: the draft never alters a sample); ValueError naming what to change where there are
-    fewer."""
+    (not that it would change what is learnt: the draft never alters a sample);
+    ValueError naming what to change where there are fewer."""
     if data.path is not None:
         rows = load_user_dataset(data.path, data.split, data.prompt_key, data.answer_key)
         first = min(data.train_size or len(rows), len(rows))

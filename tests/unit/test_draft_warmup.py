@@ -85,7 +85,7 @@ def test_warm_up_prompts_the_data_or_the_ranks_cannot_give_are_refused_in_one_li
         warmup_batch(cfg, 1)
     cfg = load_config(None, ["data.task=sort", "spec.method=history+group+model",
                              "spec.draft_warmup=rollout", "spec.draft_warmup_prompts=3"])
-    with pytest.raises(UsageError, match="fewer than the 4 ranks.*at least 4, or 0"):
+    with pytest.raises(UsageError, match="fewer than the 4 ranks.*at least 4, or use spec.draft_warmup=eval"):
         warmup_batch(cfg, 4)
 
 
