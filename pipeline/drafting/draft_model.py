@@ -176,8 +176,8 @@ class DraftModel(nn.Module):
         """Drafting (`forward(..., draft_vocab=True)`) scores only these token ids (a sorted
         1-D tensor; None: the whole vocabulary), with the LM head's rows of them as they
         are now: call again after the weights change. The LM head over a 50k-150k
-        vocabulary is most of a one-layer draft's cost per token; training always uses
-        the whole head."""
+        vocabulary is most of a one-layer draft's cost per token; the trainer trains over
+        the same tokens (`pipeline.drafting.draft_train`)."""
         if ids is None:
             self.draft_ids, self._draft_head = None, None
             return
@@ -243,6 +243,11 @@ class DraftModel(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head on final-norm hidden states [..., hidden]."""
         return hidden @ self._head().T
+
+    def lm_head_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The LM head's rows of token ids [n] (differentiable: training over a draft
+        vocabulary computes the head for its rows alone)."""
+        return self._head()[ids]
 
     def hf_config(self) -> dict:
         """A Hugging Face `LlamaForCausalLM` config for these weights."""

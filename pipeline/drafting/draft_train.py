@@ -8,7 +8,11 @@
   responses set the step's critical path. A token with a teacher is learnt by
   cross-entropy against the teacher's k tokens, their probabilities renormalised
   (distillation: the draft learns the policy's distribution, not one sample of it); one
-  without, against the sampled token. A fixed number of updates, not a time budget, so
+  without, against the sampled token. With a draft vocabulary (`TrainSettings.draft_vocab`)
+  the softmax is over its tokens only, the distribution the draft then drafts from: the
+  teacher's tokens outside it are dropped and the rest renormalised, a position with no
+  target inside it is not trained on, and the LM head is computed for its rows alone (over
+  a real vocabulary the head is most of an update's work), as EAGLE-3 trains its draft. A fixed number of updates, not a time budget, so
   that the same seed and rollouts give the same weights.
 - Its state for checkpoints: `pipeline.drafting.draft_state`.
 """
@@ -58,9 +62,9 @@ class TrainSettings:
     from the rollouts of this many steps (the call's and the window - 1 before it: the
     next rollout's prompts are rarely this one's, and a few steps' responses teach the
     policy's habits rather than one step's text); length_power: each response token
-    weighs (length / its step's mean length) ** length_power; draft_vocab: after each
-    call the model drafts from the draft_vocab tokens most frequent in the responses it
-    has trained on so far (0, or a vocabulary no larger: every token)."""
+    weighs (length / its step's mean length) ** length_power; draft_vocab: the model
+    trains and drafts over at most draft_vocab tokens, the most frequent of those in the
+    responses it has trained on so far (0, or a vocabulary no larger: every token)."""
 
     updates: int = 20
     batch: int = DRAFT_BATCH
@@ -93,19 +97,33 @@ class DraftTrainer:
         self.window: list[list[tuple[torch.Tensor, torch.Tensor, Teacher | None]]] = []
 
     def draft_vocab(self) -> torch.Tensor | None:
-        """The settings.draft_vocab most frequent token ids in `counts` (ties: the lower
-        id), ascending; None while nothing was counted or where that is every token."""
-        size = self.settings.draft_vocab
-        if size <= 0 or size >= self.counts.numel() or not int(self.counts.sum()):
+        """The draft vocabulary: of the token ids counted at least once in `counts`, the
+        settings.draft_vocab most frequent (ties: the lower id), ascending; None (every
+        token) where the setting is 0 or no smaller than the vocabulary, or nothing was
+        counted."""
+        if not 0 < self.settings.draft_vocab < self.counts.numel():
+            return None
+        size = min(self.settings.draft_vocab, int((self.counts > 0).sum()))
+        if size <= 0:
             return None
         order = torch.argsort(-self.counts, stable=True)
         return order[:size].sort().values
 
+    def _vocab(self) -> _Vocab | None:
+        """The draft vocabulary's ids and the lookup from a token id to its column."""
+        ids = self.draft_vocab()
+        if ids is None:
+            return None
+        column = torch.full((self.counts.numel(),), -1, dtype=torch.long, device="cpu")
+        column[ids] = torch.arange(len(ids), device="cpu")
+        return _Vocab(ids.to(self.model.device), column)
+
     def _count(self, rollouts: Sequence[tuple]) -> None:
-        ids = [int(t) for _, r, *_ in rollouts for t in r if 0 <= int(t) < self.counts.numel()]
+        ids = [_ids(r).long() for _, r, *_ in rollouts if len(r)]
         if ids:
-            self.counts += torch.bincount(torch.tensor(ids, dtype=torch.long, device="cpu"),
-                                          minlength=self.counts.numel())
+            ids = torch.cat(ids)
+            ids = ids[(ids >= 0) & (ids < self.counts.numel())]
+            self.counts += torch.bincount(ids, minlength=self.counts.numel())
 
     def _examples(self, rollouts: Sequence[tuple]):
         """(ids, first response position, weight, teacher or None) per rollout with a
@@ -120,14 +138,15 @@ class DraftTrainer:
                  None if t is None else t.cut(limit - len(p)))
                 for p, r, t in kept if len(p) < limit]
 
-    def _loss(self, batch) -> tuple[torch.Tensor, int]:
+    def _loss(self, batch, vocab: _Vocab | None) -> tuple[torch.Tensor, int]:
         """Weighted mean next-token cross-entropy over the response tokens of `batch`."""
-        total, weights, count = self._loss_sum(batch)
+        total, weights, count = self._loss_sum(batch, vocab)
         return total / weights.clamp(min=1e-9), count
 
-    def _loss_sum(self, batch) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def _loss_sum(self, batch, vocab: _Vocab | None) -> tuple[torch.Tensor, torch.Tensor, int]:
         """The weighted next-token cross-entropy summed over the response tokens of
-        `batch`, the sum of their weights, and their count."""
+        `batch` (over `vocab`'s tokens, where there is one), the sum of their weights, and
+        their count."""
         width = max(len(ids) for ids, *_ in batch)
         ids = torch.zeros(len(batch), width, dtype=torch.long, device="cpu")
         weight = torch.zeros(len(batch), width - 1, device="cpu")
@@ -137,51 +156,64 @@ class DraftTrainer:
         # right padding: the causal mask suffices; the LM head (the vocabulary-wide matmul,
         # most of the cost for a real vocabulary) only where a response token is predicted
         where = weight > 0
-        soft = _soft_targets(batch, ids[:, 1:][where])  # in `where`'s row-major order
+        targets = ids[:, 1:][where]  # the sampled tokens, in `where`'s row-major order
+        soft = _soft_targets(batch, targets)
+        if vocab is not None:
+            keep, targets, soft = _in_vocab(vocab.column, targets, soft)
+            where[where.clone()] = keep
         ids, weight = ids.to(self.model.device), weight.to(self.model.device)
         hidden = self.model.hidden(ids[:, :-1])
         where = where.to(self.model.device)
         h, w = hidden[where], weight[where]
-        targets = ids[:, 1:][where] if soft is None else \
+        targets = targets.to(self.model.device) if soft is None else \
             tuple(x.to(self.model.device) for x in soft)
         loss = self._weighted_ce if soft is None else self._weighted_soft_ce
-        chunk = max(1, draft_shape.LOSS_CHUNK_BYTES // (4 * self.model.shape.vocab_size))
+        rows = None if vocab is None else vocab.ids
+        columns = self.model.shape.vocab_size if rows is None else len(rows)
+        chunk = max(1, draft_shape.LOSS_CHUNK_BYTES // (4 * columns))
         if len(h) <= chunk:
-            total = loss(h, targets, w)
+            total = loss(h, targets, w, rows)
         else:  # each chunk's logits recomputed in the backward pass, never all kept
             total = sum(checkpoint(loss, h[i:i + chunk], _rows(targets, i, i + chunk),
-                                   w[i:i + chunk], use_reentrant=False)
+                                   w[i:i + chunk], rows, use_reentrant=False)
                         for i in range(0, len(h), chunk))
         return total, w.sum(), int(where.sum())
 
-    def _backward(self, batch) -> int:
+    def _backward(self, batch, vocab: _Vocab | None) -> int:
         """The gradient of `batch`'s weighted mean loss, in pieces of at most
         `MICRO_TOKENS` padded tokens (`pieces`) whose gradients add up to the whole's;
         the tokens trained on."""
         parts = pieces(batch, draft_shape.MICRO_TOKENS)
         if len(parts) == 1:  # one forward and backward, as a minibatch that fits always ran
-            value, n = self._loss(batch)
+            value, n = self._loss(batch, vocab)
             value.backward()
             return n
-        weights, n = max(_weight(batch), 1e-9), 0
+        weights, n = max(_weight(batch, vocab), 1e-9), 0
         for part in parts:
-            total, _, count = self._loss_sum(part)
+            total, _, count = self._loss_sum(part, vocab)
             (total / weights).backward()
             n += count
         return n
 
+    def _logits(self, hidden: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+        """The LM head on final-norm hidden states, over the token ids `rows` (None: all)."""
+        if rows is None:
+            return self.model.logits(hidden)
+        return hidden @ self.model.lm_head_rows(rows).T
+
     def _weighted_ce(self, hidden: torch.Tensor, targets: torch.Tensor,
-                     weight: torch.Tensor) -> torch.Tensor:
-        """Sum of the weighted next-token cross-entropies of final-norm hidden states."""
-        ce = F.cross_entropy(self.model.logits(hidden), targets, reduction="none")
+                     weight: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+        """Sum of the weighted next-token cross-entropies of final-norm hidden states
+        (targets: columns of `rows`, or token ids where it is None)."""
+        ce = F.cross_entropy(self._logits(hidden, rows), targets, reduction="none")
         return (ce * weight).sum()
 
     def _weighted_soft_ce(self, hidden: torch.Tensor, targets: tuple[torch.Tensor, torch.Tensor],
-                          weight: torch.Tensor) -> torch.Tensor:
-        """Sum of the weighted cross-entropies against soft targets (token ids [P, k] and
+                          weight: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+        """Sum of the weighted cross-entropies against soft targets (columns [P, k] and
         their probabilities [P, k]) of final-norm hidden states."""
         ids, probs = targets
-        logq = torch.log_softmax(self.model.logits(hidden).float(), dim=-1)
+        logq = torch.log_softmax(self._logits(hidden, rows).float(), dim=-1)
         ce = -(logq.gather(-1, ids) * probs).sum(-1)
         return (ce * weight).sum()
 
@@ -190,14 +222,15 @@ class DraftTrainer:
         examples = self._examples(rollouts)
         if not examples:
             return float("nan")
+        vocab = self._vocab()
         with torch.no_grad():
             total, weights = 0.0, 0.0
             for i in range(0, len(examples), self.settings.batch):
                 for part in pieces(examples[i:i + self.settings.batch], draft_shape.MICRO_TOKENS):
-                    value, _ = self._loss(part)
-                    w = _weight(part)
+                    value, _ = self._loss(part, vocab)
+                    w = _weight(part, vocab)
                     total, weights = total + float(value) * w, weights + w
-        return total / weights
+        return total / weights if weights else float("nan")
 
     def warm_up(self, rollouts: Sequence[tuple], updates: int) -> TrainReport:
         """Before the first step (`pipeline.loop.warmup`): `updates` AdamW steps on
@@ -223,6 +256,7 @@ class DraftTrainer:
             self.model.use_draft_vocab(self.draft_vocab())
             return TrainReport(float("nan"), float("nan"), 0, 0, 0.0, taught)
         before = self.loss(rollouts)
+        vocab = self._vocab()
         gen = torch.Generator(device="cpu").manual_seed(self.seed * 1_000_003 + self.calls)
         s = self.settings
         order: list[int] = []
@@ -233,7 +267,7 @@ class DraftTrainer:
                 order += torch.randperm(len(examples), generator=gen, device="cpu").tolist()
             picked, order = order[:s.batch], order[s.batch:]
             self.opt.zero_grad(set_to_none=True)
-            n = self._backward([examples[i] for i in picked])
+            n = self._backward([examples[i] for i in picked], vocab)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.max_grad_norm)
             self.opt.step()
             tokens += n
@@ -244,10 +278,48 @@ class DraftTrainer:
                            time.perf_counter() - start, taught)
 
 
-def _weight(examples) -> float:
+@dataclass(frozen=True)
+class _Vocab:
+    """A draft vocabulary: its token ids (ascending, where the model is) and, per token
+    id, its column among them (-1: outside it), on the CPU."""
+
+    ids: torch.Tensor
+    column: torch.Tensor
+
+
+def _kept(example, column: torch.Tensor) -> torch.Tensor:
+    """Per response position of an example: whether it has a target in the vocabulary
+    (its sampled token, or with a teacher any of the teacher's k tokens)."""
+    seq, start, _, teacher = example
+    if teacher is None:
+        return column[seq[start:].long()] >= 0
+    return (column[teacher.ids[:len(seq) - start].long()] >= 0).any(-1)
+
+
+def _weight(examples, vocab: _Vocab | None = None) -> float:
     """The summed weight of the examples' response tokens (each of an example's tokens
-    weighs its weight): the denominator of their weighted mean loss."""
-    return sum(float(w) * (len(seq) - start) for seq, start, w, _ in examples)
+    weighs its weight; with a vocabulary, those with a target in it): the denominator of
+    their weighted mean loss."""
+    if vocab is None:
+        return sum(float(w) * (len(seq) - start) for seq, start, w, _ in examples)
+    return sum(float(e[2]) * int(_kept(e, vocab.column).sum()) for e in examples)
+
+
+def _in_vocab(column: torch.Tensor, sampled: torch.Tensor, soft):
+    """Response positions' targets restricted to a vocabulary: (which positions keep a
+    target in it, the kept positions' hard targets as columns, or their soft targets as
+    columns and probabilities renormalised over the teacher's tokens inside it)."""
+    if soft is None:
+        got = column[sampled]
+        keep = got >= 0
+        return keep, got[keep], None
+    ids, probs = soft
+    got = column[ids]
+    inside = got >= 0
+    keep = inside.any(-1)
+    probs = probs * inside
+    probs = probs / probs.sum(-1, keepdim=True).clamp(min=1e-30)
+    return keep, None, (got.clamp(min=0)[keep], probs[keep])
 
 
 def _rollout(x: tuple) -> tuple[torch.Tensor, torch.Tensor, Teacher | None]:

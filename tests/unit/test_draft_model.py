@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -355,6 +356,54 @@ def test_the_draft_vocabulary_is_the_most_frequent_trained_tokens():
     assert trainer.model.draft_ids is None
 
 
+def test_the_draft_vocabulary_holds_only_tokens_the_responses_used():
+    """A vocabulary larger than the tokens seen keeps those alone (it used to fill up with
+    never-seen tokens, lowest ids first, which the head was then computed for)."""
+    trainer = _vocab_trainer(10)
+    trainer.train([([1, 2], [5, 5, 9, 7, 3]), ([1, 2], [11, 3, 5, 0])])
+    assert trainer.draft_vocab().tolist() == [0, 3, 5, 7, 9, 11]
+    assert trainer.model.draft_ids.tolist() == [0, 3, 5, 7, 9, 11]
+
+
+def test_the_loss_is_over_the_draft_vocabulary_with_the_teachers_tokens_outside_dropped():
+    """Training's softmax is the drafting one: over the vocabulary's head rows only; a
+    teacher's tokens outside it are dropped and the rest renormalised, and a position
+    with none inside it is not scored."""
+    from pipeline.train.teacher import Teacher
+
+    trainer = _vocab_trainer(3, seed=4)
+    trainer.counts[[5, 7, 9]] = 4  # the vocabulary: 5, 7, 9
+    prompt, response = [1, 7, 3, 2], [5, 9, 7]
+    ids = torch.tensor([[5, 20], [9, 7], [21, 22]], dtype=torch.int32)  # row 2: none inside
+    logprobs = torch.log(torch.tensor([[0.6, 0.4], [0.7, 0.3], [0.5, 0.5]])).to(torch.float16)
+    seq = prompt + response
+    with torch.no_grad():
+        hidden = trainer.model.hidden(torch.tensor([seq[:-1]]))[0]
+        logq = torch.log_softmax(hidden @ trainer.model.lm_head_rows(torch.tensor([5, 7, 9])).T, -1)
+    column = {5: 0, 7: 1, 9: 2}
+    at = len(prompt) - 1  # the position that predicts the first response token
+    p1 = torch.softmax(logprobs[1].float(), -1)
+    want = (-float(logq[at, column[5]])  # 20 dropped: 5 takes all of the mass
+            - float(p1[0] * logq[at + 1, column[9]] + p1[1] * logq[at + 1, column[7]])) / 2
+    assert trainer.loss([(prompt, response, Teacher(ids, logprobs))]) == pytest.approx(want, rel=1e-4)
+    # sampled tokens alone: the position whose token is outside (3) is not scored
+    hard = -(float(logq[at, 0]) + float(logq[at + 1, 2])) / 2
+    assert trainer.loss([(prompt, [5, 9, 3])]) == pytest.approx(hard, rel=1e-4)
+
+
+def test_training_over_a_draft_vocabulary_computes_only_its_head_rows():
+    """Tokens in no rollout and outside the vocabulary get no gradient: their head rows
+    stay as they were (with the whole vocabulary every row's logit is trained down)."""
+    corpus = _corpus(2)  # tokens 0-12 only
+    untouched = list(range(13, SMALL.vocab_size))
+    for size, moved in ((6, False), (0, True)):
+        trainer = _vocab_trainer(size)
+        before = trainer.model.lm_head_rows(torch.tensor(untouched)).detach().clone()
+        trainer.train(corpus)
+        after = trainer.model.lm_head_rows(torch.tensor(untouched)).detach()
+        assert (not torch.equal(before, after)) is moved, size
+
+
 def test_a_draft_vocabulary_holding_the_greedy_tokens_drafts_the_same():
     """The vocabulary's logits are the head's rows of its tokens, mapped back to their ids:
     where the whole-vocabulary drafts use only tokens in it, the drafts are the same (and,
@@ -527,24 +576,27 @@ def test_a_large_minibatch_sums_its_loss_in_chunks_to_the_same_update(monkeypatc
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(c_params, w_params))
 
 
-def test_a_minibatch_above_micro_tokens_trains_in_pieces_to_the_same_update(monkeypatch):
+@pytest.mark.parametrize("vocab", [0, 6])
+def test_a_minibatch_above_micro_tokens_trains_in_pieces_to_the_same_update(monkeypatch, vocab):
     """Above MICRO_TOKENS padded tokens a minibatch's forward and backward run a few rows at
     a time and their gradients add up: the losses and the update are the one-piece ones
-    (to float rounding), and no piece holds more than the limit."""
+    (to float rounding), and no piece holds more than the limit; over a draft vocabulary
+    too, whose positions without a target in it weigh nothing in any piece."""
     from pipeline.drafting import draft_train
 
     held = []
     loss_sum = draft_train.DraftTrainer._loss_sum
 
-    def spy(self, batch):
+    def spy(self, batch, kept):
         held.append(len(batch) * max(len(seq) for seq, *_ in batch))
-        return loss_sum(self, batch)
+        return loss_sum(self, batch, kept)
     monkeypatch.setattr(draft_train.DraftTrainer, "_loss_sum", spy)
 
     def trained(limit):
         monkeypatch.setattr(draft_train.draft_shape, "MICRO_TOKENS", limit)
         held.clear()
         trainer = _trainer(seed=5)
+        trainer.settings = replace(trainer.settings, draft_vocab=vocab)
         report = trainer.train(_corpus(4))
         return report, [p.detach().clone() for p in trainer.model.parameters()], max(held)
 
