@@ -114,10 +114,10 @@ def _propose_ms(model, contexts, k: int, rows: int, repeats: int = 5) -> float:
 
 
 def _warm_up(trainer, cfg, policy_dir: Path, args) -> dict:
-    """Train `trainer`'s model on the warm-up corpus (`--warm-*`) with an optimizer of its
-    own; the per-step training then starts from these weights."""
+    """Train `trainer`'s model on the warm-up corpus (`--warm-*`) as a run's warm-up does
+    (`DraftTrainer.warm_up`: an optimizer and batch order of its own, its tokens counted
+    toward the draft vocabulary); the per-step training then starts from these weights."""
     from pipeline.bench.warm_corpus import corpus_at
-    from pipeline.drafting.draft_train import DraftTrainer, TrainSettings
     from pipeline.train.teacher import policy_teachers
 
     corpus = corpus_at(args.warm_corpus, cfg, args.warm_prompts, args.warm_samples,
@@ -128,9 +128,7 @@ def _warm_up(trainer, cfg, policy_dir: Path, args) -> dict:
         teachers = policy_teachers(policy_dir, corpus, args.warm_distill)
         data = [(p, r, teacher) for (p, r), teacher in zip(corpus, teachers)]
     teach_s = time.perf_counter() - t
-    warm = DraftTrainer(trainer.model, TrainSettings(updates=args.warm_updates,
-                                                     draft_vocab=args.draft_vocab), args.seed)
-    report = warm.train(data)
+    report = trainer.warm_up(data, args.warm_updates)
     out = {"responses": len(corpus), "tokens": sum(len(r) for _, r in corpus),
            "updates": args.warm_updates, "distill": args.warm_distill, "teacher_s": teach_s,
            "loss_before": report.loss_before, "loss_after": report.loss_after,
