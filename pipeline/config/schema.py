@@ -177,7 +177,8 @@ class SpecConfig:
     # last draft_window steps (this step's and those before it);
     # draft_vocab: it trains and drafts over at most draft_vocab tokens, the most frequent in
     # the responses it trained on (its LM head, most of its cost per token, cut to those
-    # rows, as EAGLE-3 and FR-Spec do; 0: the whole vocabulary). Lossless either way: the target verifies
+    # rows, as EAGLE-3 and FR-Spec do; 0: the whole vocabulary). Lossless either way: the
+    # target verifies every drafted token
     draft_layers: int = positive(1)
     draft_updates: int = positive(20)
     draft_window: int = positive(3)

@@ -12,7 +12,8 @@
   the softmax is over its tokens only, the distribution the draft then drafts from: the
   teacher's tokens outside it are dropped and the rest renormalised, a position with no
   target inside it is not trained on, and the LM head is computed for its rows alone (over
-  a real vocabulary the head is most of an update's work), as EAGLE-3 trains its draft. A fixed number of updates, not a time budget, so
+  a real vocabulary the head is most of an update's work), as EAGLE-3 trains its draft
+  (`pipeline.drafting.draft_targets`). A fixed number of updates, not a time budget, so
   that the same seed and rollouts give the same weights.
 - Its state for checkpoints: `pipeline.drafting.draft_state`.
 """
@@ -30,7 +31,9 @@ from torch.utils.checkpoint import checkpoint
 from pipeline import draft_shape
 from pipeline.draft_shape import DRAFT_BATCH
 from pipeline.drafting.draft_model import DraftModel
-from pipeline.train.teacher import Teacher, soft_targets
+from pipeline.drafting.draft_targets import (Vocab, batch_targets, in_vocab, pieces,
+                                              target_rows, weight_of)
+from pipeline.train.teacher import Teacher
 
 WARM_UP_SEED = 7_777  # the warm-up's batch order: apart from every step's (seed, calls)
 
@@ -109,14 +112,14 @@ class DraftTrainer:
         order = torch.argsort(-self.counts, stable=True)
         return order[:size].sort().values
 
-    def _vocab(self) -> _Vocab | None:
+    def _vocab(self) -> Vocab | None:
         """The draft vocabulary's ids and the lookup from a token id to its column."""
         ids = self.draft_vocab()
         if ids is None:
             return None
         column = torch.full((self.counts.numel(),), -1, dtype=torch.long, device="cpu")
         column[ids] = torch.arange(len(ids), device="cpu")
-        return _Vocab(ids.to(self.model.device), column)
+        return Vocab(ids.to(self.model.device), column)
 
     def _count(self, rollouts: Sequence[tuple]) -> None:
         ids = [_ids(r).long() for _, r, *_ in rollouts if len(r)]
@@ -138,12 +141,12 @@ class DraftTrainer:
                  None if t is None else t.cut(limit - len(p)))
                 for p, r, t in kept if len(p) < limit]
 
-    def _loss(self, batch, vocab: _Vocab | None) -> tuple[torch.Tensor, int]:
+    def _loss(self, batch, vocab: Vocab | None) -> tuple[torch.Tensor, int]:
         """Weighted mean next-token cross-entropy over the response tokens of `batch`."""
         total, weights, count = self._loss_sum(batch, vocab)
         return total / weights.clamp(min=1e-9), count
 
-    def _loss_sum(self, batch, vocab: _Vocab | None) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def _loss_sum(self, batch, vocab: Vocab | None) -> tuple[torch.Tensor, torch.Tensor, int]:
         """The weighted next-token cross-entropy summed over the response tokens of
         `batch` (over `vocab`'s tokens, where there is one), the sum of their weights, and
         their count."""
@@ -157,9 +160,9 @@ class DraftTrainer:
         # most of the cost for a real vocabulary) only where a response token is predicted
         where = weight > 0
         targets = ids[:, 1:][where]  # the sampled tokens, in `where`'s row-major order
-        soft = _soft_targets(batch, targets)
+        soft = batch_targets(batch, targets)
         if vocab is not None:
-            keep, targets, soft = _in_vocab(vocab.column, targets, soft)
+            keep, targets, soft = in_vocab(vocab.column, targets, soft)
             where[where.clone()] = keep
         ids, weight = ids.to(self.model.device), weight.to(self.model.device)
         hidden = self.model.hidden(ids[:, :-1])
@@ -174,12 +177,12 @@ class DraftTrainer:
         if len(h) <= chunk:
             total = loss(h, targets, w, rows)
         else:  # each chunk's logits recomputed in the backward pass, never all kept
-            total = sum(checkpoint(loss, h[i:i + chunk], _rows(targets, i, i + chunk),
+            total = sum(checkpoint(loss, h[i:i + chunk], target_rows(targets, i, i + chunk),
                                    w[i:i + chunk], rows, use_reentrant=False)
                         for i in range(0, len(h), chunk))
         return total, w.sum(), int(where.sum())
 
-    def _backward(self, batch, vocab: _Vocab | None) -> int:
+    def _backward(self, batch, vocab: Vocab | None) -> int:
         """The gradient of `batch`'s weighted mean loss, in pieces of at most
         `MICRO_TOKENS` padded tokens (`pieces`) whose gradients add up to the whole's;
         the tokens trained on."""
@@ -188,7 +191,7 @@ class DraftTrainer:
             value, n = self._loss(batch, vocab)
             value.backward()
             return n
-        weights, n = max(_weight(batch, vocab), 1e-9), 0
+        weights, n = max(weight_of(batch, vocab), 1e-9), 0
         for part in parts:
             total, _, count = self._loss_sum(part, vocab)
             (total / weights).backward()
@@ -228,7 +231,7 @@ class DraftTrainer:
             for i in range(0, len(examples), self.settings.batch):
                 for part in pieces(examples[i:i + self.settings.batch], draft_shape.MICRO_TOKENS):
                     value, _ = self._loss(part, vocab)
-                    w = _weight(part, vocab)
+                    w = weight_of(part, vocab)
                     total, weights = total + float(value) * w, weights + w
         return total / weights if weights else float("nan")
 
@@ -278,50 +281,6 @@ class DraftTrainer:
                            time.perf_counter() - start, taught)
 
 
-@dataclass(frozen=True)
-class _Vocab:
-    """A draft vocabulary: its token ids (ascending, where the model is) and, per token
-    id, its column among them (-1: outside it), on the CPU."""
-
-    ids: torch.Tensor
-    column: torch.Tensor
-
-
-def _kept(example, column: torch.Tensor) -> torch.Tensor:
-    """Per response position of an example: whether it has a target in the vocabulary
-    (its sampled token, or with a teacher any of the teacher's k tokens)."""
-    seq, start, _, teacher = example
-    if teacher is None:
-        return column[seq[start:].long()] >= 0
-    return (column[teacher.ids[:len(seq) - start].long()] >= 0).any(-1)
-
-
-def _weight(examples, vocab: _Vocab | None = None) -> float:
-    """The summed weight of the examples' response tokens (each of an example's tokens
-    weighs its weight; with a vocabulary, those with a target in it): the denominator of
-    their weighted mean loss."""
-    if vocab is None:
-        return sum(float(w) * (len(seq) - start) for seq, start, w, _ in examples)
-    return sum(float(e[2]) * int(_kept(e, vocab.column).sum()) for e in examples)
-
-
-def _in_vocab(column: torch.Tensor, sampled: torch.Tensor, soft):
-    """Response positions' targets restricted to a vocabulary: (which positions keep a
-    target in it, the kept positions' hard targets as columns, or their soft targets as
-    columns and probabilities renormalised over the teacher's tokens inside it)."""
-    if soft is None:
-        got = column[sampled]
-        keep = got >= 0
-        return keep, got[keep], None
-    ids, probs = soft
-    got = column[ids]
-    inside = got >= 0
-    keep = inside.any(-1)
-    probs = probs * inside
-    probs = probs / probs.sum(-1, keepdim=True).clamp(min=1e-30)
-    return keep, None, (got.clamp(min=0)[keep], probs[keep])
-
-
 def _rollout(x: tuple) -> tuple[torch.Tensor, torch.Tensor, Teacher | None]:
     """(prompt, response[, teacher]) as int32 tensors and the teacher (None where there is
     none); ValueError where the teacher does not cover the response token for token."""
@@ -331,54 +290,6 @@ def _rollout(x: tuple) -> tuple[torch.Tensor, torch.Tensor, Teacher | None]:
         raise ValueError(f"a teacher of {len(teacher)} positions for a response of "
                          f"{len(response)} tokens")
     return _ids(prompt), response, teacher
-
-
-def _soft_targets(batch, sampled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Soft targets (token ids [P, k] int64, probabilities [P, k]) of the batch's response
-    positions in order (`sampled`: their sampled tokens, P of them): the teacher's k
-    tokens renormalised where an example has one, the sampled token with probability 1
-    (and k - 1 zeros) where it has none; None where no example has a teacher."""
-    ks = {t.ids.shape[1] for *_, t in batch if t is not None}
-    if not ks:
-        return None
-    if len(ks) > 1:
-        raise ValueError(f"teachers of different k in one batch: {sorted(ks)}")
-    k = ks.pop()
-    parts_ids, parts_p, at = [], [], 0
-    for seq, start, _, t in batch:
-        n = len(seq) - start
-        if t is None:
-            ids = sampled[at:at + n, None].expand(n, k)
-            p = torch.zeros(n, k)
-            p[:, 0] = 1.0
-        else:
-            ids, p = t.ids[:n].long(), soft_targets(t.cut(n))
-        parts_ids.append(ids)
-        parts_p.append(p)
-        at += n
-    return torch.cat(parts_ids), torch.cat(parts_p)
-
-
-def _rows(targets, start: int, stop: int):
-    """Rows start..stop of hard targets [P] or soft ones (ids [P, k], probabilities)."""
-    if isinstance(targets, tuple):
-        return tuple(x[start:stop] for x in targets)
-    return targets[start:stop]
-
-
-def pieces(batch: list, limit: int) -> list[list]:
-    """`batch` (examples with their token ids first) in order, cut into consecutive pieces
-    whose padded size (rows x the longest row) is at most `limit` tokens; a row longer
-    than `limit` is a piece of its own."""
-    out, width = [[]], 0
-    for example in batch:
-        wider = max(width, len(example[0]))
-        if out[-1] and wider * (len(out[-1]) + 1) > limit:
-            out.append([])
-            wider = len(example[0])
-        out[-1].append(example)
-        width = wider
-    return out if out[-1] else []
 
 
 __all__ = ["DraftTrainer", "TrainReport", "TrainSettings"]

@@ -385,7 +385,8 @@ def test_the_loss_is_over_the_draft_vocabulary_with_the_teachers_tokens_outside_
     p1 = torch.softmax(logprobs[1].float(), -1)
     want = (-float(logq[at, column[5]])  # 20 dropped: 5 takes all of the mass
             - float(p1[0] * logq[at + 1, column[9]] + p1[1] * logq[at + 1, column[7]])) / 2
-    assert trainer.loss([(prompt, response, Teacher(ids, logprobs))]) == pytest.approx(want, rel=1e-4)
+    taught = trainer.loss([(prompt, response, Teacher(ids, logprobs))])
+    assert taught == pytest.approx(want, rel=1e-4)
     # sampled tokens alone: the position whose token is outside (3) is not scored
     hard = -(float(logq[at, 0]) + float(logq[at + 1, 2])) / 2
     assert trainer.loss([(prompt, [5, 9, 3])]) == pytest.approx(hard, rel=1e-4)
@@ -551,9 +552,11 @@ def test_the_common_prefix_of_two_contexts_is_found_by_halving_as_token_by_token
     assert _common_prefix(long, long[:4000] + [-1] + long[4001:]) == 4000
 
 
-def test_a_large_minibatch_sums_its_loss_in_chunks_to_the_same_update(monkeypatch):
+@pytest.mark.parametrize("vocab", [0, 6])
+def test_a_large_minibatch_sums_its_loss_in_chunks_to_the_same_update(monkeypatch, vocab):
     """Above LOSS_CHUNK_BYTES of logits the loss is summed in chunks recomputed in the
-    backward pass: the loss and the update are the one-piece ones (to float rounding)."""
+    backward pass: the loss and the update are the one-piece ones (to float rounding);
+    over a draft vocabulary, a chunk's logits are its columns."""
     from pipeline.drafting import draft_train
 
     pieces = []
@@ -564,12 +567,13 @@ def test_a_large_minibatch_sums_its_loss_in_chunks_to_the_same_update(monkeypatc
     def trained(chunk_bytes):
         monkeypatch.setattr(draft_train.draft_shape, "LOSS_CHUNK_BYTES", chunk_bytes)
         trainer = _trainer(seed=5)
+        trainer.settings = replace(trainer.settings, draft_vocab=vocab)
         report = trainer.train(_corpus(4))
         return report, [p.detach().clone() for p in trainer.model.parameters()]
 
     whole, w_params = trained(1 << 30)
     assert not pieces
-    chunked, c_params = trained(4 * SMALL.vocab_size * 7)  # 7 tokens a chunk
+    chunked, c_params = trained(4 * (vocab or SMALL.vocab_size) * 7)  # 7 tokens a chunk
     assert pieces and max(pieces) == 7
     assert chunked.loss_before == pytest.approx(whole.loss_before, rel=1e-6)
     assert chunked.loss_after == pytest.approx(whole.loss_after, rel=1e-4)
@@ -611,7 +615,7 @@ def test_a_minibatch_above_micro_tokens_trains_in_pieces_to_the_same_update(monk
 
 
 def test_pieces_keep_order_and_bound_the_padded_size():
-    from pipeline.drafting.draft_train import pieces
+    from pipeline.drafting.draft_targets import pieces
 
     rng = random.Random(3)
     for _ in range(500):

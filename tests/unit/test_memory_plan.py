@@ -517,7 +517,7 @@ def test_a_draft_model_on_the_gpu_is_counted_and_named_in_the_remedies():
 
 def test_the_draft_models_training_activations_are_one_piece_of_a_minibatch(monkeypatch):
     """The draft's update runs a long minibatch in pieces of MICRO_TOKENS padded tokens
-    (pipeline.drafting.draft_train.pieces): the plan counts one piece's activations, so
+    (pipeline.drafting.draft_targets.pieces): the plan counts one piece's activations, so
     at gpu-7b.yaml's 5k-token sequences the train item grows with the piece, not with the
     32 responses of a minibatch."""
     from pipeline import draft_shape
