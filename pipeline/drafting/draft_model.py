@@ -240,13 +240,13 @@ class DraftModel(nn.Module):
     def _head(self) -> torch.Tensor:
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The LM head on final-norm hidden states [..., hidden]."""
-        return hidden @ self._head().T
+    def logits(self, hidden: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The LM head on final-norm hidden states [..., hidden]; over token ids `ids`
+        alone where given (column i is token ids[i]; differentiable)."""
+        return hidden @ (self._head() if ids is None else self.lm_head_rows(ids)).T
 
     def lm_head_rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """The LM head's rows of token ids [n] (differentiable: training over a draft
-        vocabulary computes the head for its rows alone)."""
+        """The LM head's rows of token ids [n] (differentiable)."""
         return self._head()[ids]
 
     def hf_config(self) -> dict:

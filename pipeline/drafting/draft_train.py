@@ -198,17 +198,11 @@ class DraftTrainer:
             n += count
         return n
 
-    def _logits(self, hidden: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
-        """The LM head on final-norm hidden states, over the token ids `rows` (None: all)."""
-        if rows is None:
-            return self.model.logits(hidden)
-        return hidden @ self.model.lm_head_rows(rows).T
-
     def _weighted_ce(self, hidden: torch.Tensor, targets: torch.Tensor,
                      weight: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
         """Sum of the weighted next-token cross-entropies of final-norm hidden states
         (targets: columns of `rows`, or token ids where it is None)."""
-        ce = F.cross_entropy(self._logits(hidden, rows), targets, reduction="none")
+        ce = F.cross_entropy(self.model.logits(hidden, rows), targets, reduction="none")
         return (ce * weight).sum()
 
     def _weighted_soft_ce(self, hidden: torch.Tensor, targets: tuple[torch.Tensor, torch.Tensor],
@@ -216,7 +210,7 @@ class DraftTrainer:
         """Sum of the weighted cross-entropies against soft targets (columns [P, k] and
         their probabilities [P, k]) of final-norm hidden states."""
         ids, probs = targets
-        logq = torch.log_softmax(self._logits(hidden, rows).float(), dim=-1)
+        logq = torch.log_softmax(self.model.logits(hidden, rows).float(), dim=-1)
         ce = -(logq.gather(-1, ids) * probs).sum(-1)
         return (ce * weight).sum()
 
