@@ -16,7 +16,7 @@ from pipeline.errors import UsageError
 from pipeline.loop import loggers, rundir, tp_groups
 from pipeline.loop.batches import PromptSource, warmup_batch
 from pipeline.loop.memory import memory_problems
-from pipeline.policy.checks import check_model_dir, fix_hint, model_context
+from pipeline.policy.checks import check_model_dir, fix_hint, model_config, model_context
 from pipeline.rollout.versions import check_vllm
 from pipeline.sched.registry import RolloutPlacement
 from pipeline.tasks.chat import PromptEncoder
@@ -57,6 +57,7 @@ def preflight(cfg: Config, world_size: int, local_world: int | None = None,
     context = longest = None
     if model_dir is not None:
         context = attempt(model_context, model_dir)
+        problems.extend(attempt(draft_shape_problems, cfg, model_dir) or [])
         if dataset is not None:
             longest = attempt(longest_prompt_tokens, model_dir, dataset["prompt"], cfg.data)
     warmup = attempt(warmup_batch, cfg, world_size) or []
@@ -82,6 +83,37 @@ def preflight(cfg: Config, world_size: int, local_world: int | None = None,
     return {"world_size": world_size, "prompts": len(source.prompts),
             "longest_prompt_tokens": longest,
             "model_context": context, "reward": reward_name}
+
+
+def draft_shape_problems(cfg: Config, model_dir: Path) -> list[str]:
+    """A method with a draft model whose `spec.draft_layers` layers of the policy's width
+    do not fit in 10 % of the policy's parameters (`pipeline.draft_shape.shape_for`), said
+    before an engine starts; nothing where its config.json does not give the policy's
+    shape (vLLM then names what it lacks)."""
+    from pipeline.draft_shape import policy_parameters, shape_for
+
+    if not method(cfg.spec.method).model:
+        return []
+    config, layers = model_config(model_dir), cfg.spec.draft_layers
+
+    def fits(n: int) -> bool:
+        try:
+            shape_for(config, layers=n)
+        except ValueError:
+            return False
+        return True
+    try:
+        if fits(layers):
+            return []
+        width, params = int(config["hidden_size"]), policy_parameters(config)
+    except (KeyError, TypeError, ValueError):
+        return []
+    most = next((n for n in range(layers - 1, 0, -1) if fits(n)), 0)
+    fix = (f"lower spec.draft_layers to {most}" if most else
+           "use a method without a draft model (history+group)")
+    return [f"spec.draft_layers = {layers}: {layers} decoder layer(s) of the policy's width "
+            f"({width}) do not fit in 10 % of its {params:,} parameters, the draft model's "
+            f"bound; {fix}"]
 
 
 def world_problems(cfg: Config, world_size: int) -> list[str]:

@@ -22,16 +22,22 @@ def built_manifest(path: str | Path) -> dict | None:
     return manifest if isinstance(manifest, dict) else None
 
 
-def model_context(model_dir: str | Path) -> int | None:
-    """The model's context in tokens: `max_position_embeddings` in its config.json (None
-    where it names none). UsageError when that file cannot be read."""
+def model_config(model_dir: str | Path) -> dict:
+    """The model's config.json ({} where it is not a JSON object). UsageError when that
+    file cannot be read."""
     model_dir = Path(model_dir).expanduser()
     try:
         config = json.loads((model_dir / "config.json").read_text())
     except (OSError, ValueError) as exc:
         raise UsageError(f"{model_dir}/config.json cannot be read ({exc}); rebuild the model "
                          f"directory") from None
-    context = config.get("max_position_embeddings") if isinstance(config, dict) else None
+    return config if isinstance(config, dict) else {}
+
+
+def model_context(model_dir: str | Path) -> int | None:
+    """The model's context in tokens: `max_position_embeddings` in its config.json (None
+    where it names none). UsageError when that file cannot be read."""
+    context = model_config(model_dir).get("max_position_embeddings")
     return context if isinstance(context, int) and not isinstance(context, bool) else None
 
 

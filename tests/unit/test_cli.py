@@ -406,6 +406,32 @@ def test_a_draft_warm_up_the_data_cannot_give_fails_the_dry_run(capsys, real_mod
         "(data.train_size)")
 
 
+def test_a_draft_model_the_policy_cannot_hold_fails_the_dry_run(capsys, tmp_path, real_model,
+                                                                prompts16):
+    """Its layers must fit in 10 % of the policy's parameters: said in one line before any
+    engine starts (it used to pass the dry run and stop the engine with a traceback)."""
+    import shutil
+
+    from tests.unit.test_draft_model import TINY_POLICY
+
+    def policy(**changes) -> tuple[str, ...]:
+        d = tmp_path / f"policy-{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(real_model, d)
+        (d / "config.json").write_text(json.dumps({**TINY_POLICY, **changes}))
+        return (f"model.path={d}", f"data.path={prompts16}", "spec.method=history+group+model")
+
+    tiny = policy()
+    assert dry_run(capsys, *tiny, "spec.draft_layers=2") == (
+        "spec.draft_layers = 2: 2 decoder layer(s) of the policy's width (128) do not fit in "
+        "10 % of its 1,062,656 parameters, the draft model's bound; lower spec.draft_layers "
+        "to 1")
+    assert cli(capsys, "train", TINY, *tiny, "--dry-run")[0] == 0  # one layer fits
+    assert dry_run(capsys, *policy(num_hidden_layers=1)) == (
+        "spec.draft_layers = 1: 1 decoder layer(s) of the policy's width (128) do not fit in "
+        "10 % of its 275,456 parameters, the draft model's bound; use a method without a "
+        "draft model (history+group)")
+
+
 def test_a_dry_run_that_passes_prints_the_config_and_the_checks(capsys, tmp_path, real_model,
                                                                 prompts16):
     before = sorted(p.name for p in tmp_path.iterdir())
