@@ -111,7 +111,10 @@ def draft_memory(shape: "ModelShape", cfg: "Config") -> tuple[int, int, str] | N
     they were counted: fp32 weights in both; in the rollout each running request's keys and
     values (held between passes, and a pass's batch of them); in the train phase its
     gradients, AdamW's two moments, one piece of a minibatch's activations (`MICRO_TOKENS`)
-    and a chunk of logits with its gradient (`pipeline.drafting.draft_train`)."""
+    and a chunk of logits with its gradient (`pipeline.drafting.draft_train`). None too
+    where no draft of `spec.draft_layers` layers fits the policy (`shape_for` refuses it):
+    preflight says so in its own line (`draft_shape_problems`), and there is no draft to
+    count."""
     from dataclasses import replace
 
     from pipeline.config.methods import method
@@ -119,11 +122,14 @@ def draft_memory(shape: "ModelShape", cfg: "Config") -> tuple[int, int, str] | N
     spec = cfg.spec
     if spec.draft_device == "cpu" or not method(spec.method).model:
         return None
-    d = shape_for({"hidden_size": shape.hidden, "num_attention_heads": shape.heads,
-                   "num_key_value_heads": shape.kv_heads, "head_dim": shape.head_dim,
-                   "intermediate_size": shape.intermediate, "vocab_size": shape.vocab,
-                   "num_hidden_layers": shape.layers, "tie_word_embeddings": shape.tied},
-                  layers=spec.draft_layers)
+    try:
+        d = shape_for({"hidden_size": shape.hidden, "num_attention_heads": shape.heads,
+                       "num_key_value_heads": shape.kv_heads, "head_dim": shape.head_dim,
+                       "intermediate_size": shape.intermediate, "vocab_size": shape.vocab,
+                       "num_hidden_layers": shape.layers, "tie_word_embeddings": shape.tied},
+                      layers=spec.draft_layers)
+    except ValueError:
+        return None
     params, seq = d.parameters(), cfg.data.max_prompt_length + cfg.rollout.max_tokens
     kv = 2 * 2 * 4 * cfg.rollout.max_num_seqs * seq * d.layers * d.kv_heads * d.head_dim
     layer = replace(shape, intermediate=d.intermediate_size, layers=d.layers)
