@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from pipeline.config.schema import Config
     from pipeline.model_shape import ModelShape
 
+DRAFT_FRACTION = 0.10  # the most of the policy's parameters a draft's own may be
 DRAFT_BATCH = 32  # responses per AdamW update of the draft (`TrainSettings.batch`)
 # the fp32 logits one piece of the draft's loss may hold: a minibatch of 32 responses of 8k
 # tokens over a 152k vocabulary would hold 160 GB at once. Above this the loss is summed in
@@ -79,7 +80,7 @@ def policy_parameters(config: Mapping) -> int:
     return int(config["num_hidden_layers"]) * layer + h + embed * (1 if tied else 2)
 
 
-def shape_for(config: Mapping, *, layers: int = 1, max_fraction: float = 0.10,
+def shape_for(config: Mapping, *, layers: int = 1, max_fraction: float = DRAFT_FRACTION,
               multiple: int = 32) -> DraftShape:
     """The draft for a policy (its Hugging Face config as a dict): `layers` decoder layers
     with the policy's width, heads and vocabulary, and the widest MLP (a multiple of
@@ -153,5 +154,5 @@ def sampled_drafts(cfg: "Config") -> bool:
                 and cfg.rollout.temperature > 0)
 
 
-__all__ = ["DRAFT_BATCH", "DraftShape", "LOSS_CHUNK_BYTES", "MICRO_TOKENS", "draft_memory",
-           "policy_parameters", "sampled_drafts", "shape_for"]
+__all__ = ["DRAFT_BATCH", "DRAFT_FRACTION", "DraftShape", "LOSS_CHUNK_BYTES", "MICRO_TOKENS",
+           "draft_memory", "policy_parameters", "sampled_drafts", "shape_for"]

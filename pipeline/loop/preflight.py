@@ -90,7 +90,7 @@ def draft_shape_problems(cfg: Config, model_dir: Path) -> list[str]:
     do not fit in 10 % of the policy's parameters (`pipeline.draft_shape.shape_for`), said
     before an engine starts; nothing where its config.json does not give the policy's
     shape (vLLM then names what it lacks)."""
-    from pipeline.draft_shape import policy_parameters, shape_for
+    from pipeline.draft_shape import DRAFT_FRACTION, policy_parameters, shape_for
 
     if not method(cfg.spec.method).model:
         return []
@@ -112,8 +112,8 @@ def draft_shape_problems(cfg: Config, model_dir: Path) -> list[str]:
     fix = (f"lower spec.draft_layers to {most}" if most else
            "use a method without a draft model (history+group)")
     return [f"spec.draft_layers = {layers}: {layers} decoder layer(s) of the policy's width "
-            f"({width}) do not fit in 10 % of its {params:,} parameters, the draft model's "
-            f"bound; {fix}"]
+            f"({width}) do not fit in {DRAFT_FRACTION * 100:.0f} % of its {params:,} "
+            f"parameters, the draft model's bound; {fix}"]
 
 
 def world_problems(cfg: Config, world_size: int) -> list[str]:
