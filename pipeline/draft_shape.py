@@ -1,5 +1,6 @@
-"""The shape of `history+group+model`'s draft model (`DraftShape`, `shape_for`) and the GPU
-memory it takes (`draft_memory`, an item of the memory plan): arithmetic on a policy's
+"""The shape of `history+group+model`'s draft model (`DraftShape`, `shape_for`), what a step of
+it costs beside a target pass (`step_fraction`), and the GPU memory it takes
+(`draft_memory`, an item of the memory plan): arithmetic on a policy's
 Hugging Face config, no torch. The network: `pipeline.drafting.draft_model`."""
 
 from __future__ import annotations
@@ -55,6 +56,16 @@ class DraftShape:
     def parameters(self) -> int:
         embed = self.vocab_size * self.hidden_size
         return self.own_parameters() + embed * (1 if self.tie_embeddings else 2)
+
+
+def step_fraction(shape: DraftShape, head_rows: int | None, policy_params: int) -> float:
+    """What one forward step of the draft costs, as a share of one target pass, where both
+    are memory-bound (a decode pass on a GPU below its ridge: each reads its weights once).
+    A step reads the draft's own parameters and the LM head's rows it computes (head_rows:
+    its draft vocabulary; None: the whole vocabulary); the embedding's few looked-up rows
+    are left out. A pass reads all of the policy's `policy_params`."""
+    rows = shape.vocab_size if head_rows is None else int(head_rows)
+    return (shape.own_parameters() + rows * shape.hidden_size) / float(policy_params)
 
 
 def _rope_theta(config: Mapping) -> float:
@@ -155,4 +166,4 @@ def sampled_drafts(cfg: "Config") -> bool:
 
 
 __all__ = ["DRAFT_BATCH", "DRAFT_FRACTION", "DraftShape", "LOSS_CHUNK_BYTES", "MICRO_TOKENS",
-           "draft_memory", "policy_parameters", "sampled_drafts", "shape_for"]
+           "draft_memory", "policy_parameters", "step_fraction", "sampled_drafts", "shape_for"]

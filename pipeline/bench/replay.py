@@ -223,6 +223,9 @@ def _model_summary(stats: list, measured: list[bool]) -> dict:
     drafted = sum(s.drafted for s in chosen)
     return {"model_passes": sum(s.passes for s in chosen),
             "model_rows": sum(s.ran for s in chosen),
+            "model_steps": sum(s.steps for s in chosen),
+            # the forwards' cost in memory-bound target passes (`ModelSource.step_fraction`)
+            "model_step_reads": round(sum(s.step_reads for s in chosen), 4),
             "model_chosen": sum(s.chosen for s in chosen),
             "model_draft_tokens": drafted,
             "model_accept_rate": round(sum(s.accepted for s in chosen) / drafted, 4)

@@ -38,7 +38,13 @@ gpu_estimate_s sums every pass, gpu_estimate_tail_s the tail passes,
 gpu_estimate_speedup is none's over the method's, gpu_estimate_with_drafter_s adds the
 drafter's time as measured on this machine; gpu_estimate_roofline_s, _host_s and
 _graphs_s split gpu_estimate_s, and gpu_estimate_{full,piecewise,eager}_passes count the
-passes by graph.
+passes by graph. A method with a draft model adds its forwards on the same GPU:
+gpu_estimate_model_s prices each forward step as `pipeline.draft_shape.step_fraction` of
+the roofline's memory-bound pass (a draft of this one's size beside a policy of the 7B's:
+its own parameters and LM-head rows over the policy's, read once a step),
+gpu_estimate_with_model_s adds it to gpu_estimate_s, gpu_estimate_model_speedup is none's
+over that, and model_passes / model_steps count the passes that ran the model and its
+forward steps.
 """
 
 from __future__ import annotations
@@ -115,6 +121,9 @@ class MethodResult:
     # the draft model's warm-up before the first epoch (`spec.draft_warmup`, `warm_draft`):
     # the passes it adds (paid once, outside the measured steps), its responses and loss
     draft_warmup: dict | None = None
+    # the draft model's forwards in the measured steps: passes that ran it, its forward
+    # steps, and their cost in memory-bound target passes (`ModelStats.step_reads`)
+    model: dict | None = None
 
     def gpu_engine(self) -> VllmEngine:
         return VllmEngine.built_for(self.engine_draft_tokens, self.max_num_seqs)
@@ -225,6 +234,8 @@ def run_method(plan: Plan, method: str, work: list[EpochWork], advance,
         if draft_warmup[0] and drafting is not None and drafting.model is not None:
             result.draft_warmup = warm_draft(plan, engine, method, *draft_warmup)
         seen = drafting.sources() if drafting is not None else {}  # before the measured steps
+        if drafting is not None and drafting.model is not None:
+            drafting.model.reset_stats()
         for ew in work:
             engine.update_weights(_policy_tensors(ew.policy_dir), ew.epoch)
             _learn_history(engine, method, ew.earlier, prompt_ids_of(work),
@@ -241,6 +252,10 @@ def run_method(plan: Plan, method: str, work: list[EpochWork], advance,
         if drafting is not None:
             result.calibration = drafting.calibration()
             result.sources = {k: v - seen.get(k, 0) for k, v in drafting.sources().items()}
+            if drafting.model is not None:
+                m = drafting.model.reset_stats()
+                result.model = {"passes": m.passes, "steps": m.steps,
+                                "step_reads": round(m.step_reads, 6)}
     finally:
         del engine, drafting
         gc.collect()

@@ -90,7 +90,20 @@ def gpu_estimate(r: MethodResult, base_s: float) -> dict:
             "gpu_estimate_host_s": round(est["host_s"], 4),
             "gpu_estimate_graphs_s": round(est["graphs_s"], 4),
             **{f"gpu_estimate_{g}_passes": n for g, n in est["passes"].items()},
-            "gpu_estimate_model": GPU_MODEL.name}
+            "gpu_estimate_model": GPU_MODEL.name, **model_estimate(r, total, base_s)}
+
+
+def model_estimate(r: MethodResult, total_s: float, base_s: float) -> dict:
+    """A draft model's forwards priced on GPU_MODEL (see the module docstring of
+    pipeline.bench.spec); empty for a method without one."""
+    if not r.model:
+        return {}
+    model_s = r.model["step_reads"] * GPU_MODEL.weights_s
+    with_model = total_s + model_s
+    return {"model_passes": r.model["passes"], "model_steps": r.model["steps"],
+            "gpu_estimate_model_s": round(model_s, 4),
+            "gpu_estimate_with_model_s": round(with_model, 4),
+            "gpu_estimate_model_speedup": round(base_s / with_model, 3) if with_model else 0.0}
 
 
 def figure_step(results: dict[str, MethodResult]) -> tuple[int, dict[str, dict]]:

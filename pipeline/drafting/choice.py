@@ -92,6 +92,18 @@ class ChoiceCosts:
     min_spread: float = 1.0
 
 
+def tree_draft(tokens: Sequence[int], path_probs: Sequence[float]) -> SourceDraft | None:
+    """The tree's granted draft as per-token acceptance estimates (the ratios of its path
+    probabilities: each token's given that the tokens before it were accepted)."""
+    if not tokens:
+        return None
+    accept, before = [], 1.0
+    for p in path_probs[:len(tokens)]:
+        accept.append(min(1.0, float(p) / before) if before > 0 else 0.0)
+        before = float(p)
+    return SourceDraft(tuple(tokens), tuple(accept))
+
+
 def best_prefix(draft: SourceDraft | None, weight: float, m: float,
                 extra: float = 0.0) -> tuple[int, float, float]:
     """(tokens kept, expected accepted, value in seconds) of the draft's most valuable
@@ -109,19 +121,38 @@ def best_prefix(draft: SourceDraft | None, weight: float, m: float,
     return best
 
 
+def token_values(remaining: Sequence[tuple[float, float]], taus: Sequence[float],
+                 costs: ChoiceCosts) -> list[float]:
+    """Seconds an accepted draft token of each request is worth: m + pi_i * c_tail / tau_i
+    (the module docstring), from each one's (mean, std) predicted remaining tokens and its
+    tokens per pass so far."""
+    taus = [max(float(t), 1.0) for t in taus]
+    passes = [max(r[0], 0.0) / t for r, t in zip(remaining, taus)]
+    spreads = [max(r[1], 0.0) / t for r, t in zip(remaining, taus)]
+    pi = critical_weights(passes, spreads, costs.min_spread)
+    m = costs.pass_cost.per_token_s
+    tail = costs.pass_cost.pass_seconds(1 + costs.max_len)
+    return [m + float(p) * tail / t for p, t in zip(pi, taus)]
+
+
+def worth_a_step(reach: Sequence[float], values: Sequence[float], m: float,
+                 step_s: float) -> bool:
+    """Whether one more forward step of the draft model pays: it drafts one more token
+    for each row, row i's at most reach[i] likely to be accepted (the probability that
+    its draft so far is accepted whole), worth values[i] seconds if accepted and costing
+    m to verify; the step costs step_s. The bound never stops a step that could pay."""
+    gain = sum(max(0.0, v * float(r) - m) for r, v in zip(reach, values))
+    return gain > step_s
+
+
 def choose(options: Sequence[Options], costs: ChoiceCosts) -> list[Choice]:
     """The choice for each running request of a pass, in the order of `options`."""
     if not options:
         return []
-    taus = [max(o.tau, 1.0) for o in options]
-    passes = [max(o.remaining[0], 0.0) / t for o, t in zip(options, taus)]
-    spreads = [max(o.remaining[1], 0.0) / t for o, t in zip(options, taus)]
-    pi = critical_weights(passes, spreads, costs.min_spread)
     m = costs.pass_cost.per_token_s
-    tail = costs.pass_cost.pass_seconds(1 + costs.max_len)
+    values = token_values([o.remaining for o in options], [o.tau for o in options], costs)
     picks, fallbacks = [], []
-    for o, t, p in zip(options, taus, pi):
-        weight = m + float(p) * tail / t
+    for o, weight in zip(options, values):
         tree = best_prefix(o.tree, weight, m)
         model = best_prefix(o.model, weight, m, costs.model_row_s)
         fallback = (TREE, tree) if tree[0] else (NOTHING, (0, 0.0, 0.0))
@@ -139,4 +170,4 @@ def choose(options: Sequence[Options], costs: ChoiceCosts) -> list[Choice]:
 
 
 __all__ = ["MODEL", "NOTHING", "TREE", "Choice", "ChoiceCosts", "Options", "SourceDraft",
-           "best_prefix", "choose"]
+           "best_prefix", "choose", "token_values", "tree_draft", "worth_a_step"]

@@ -25,6 +25,8 @@ host CPU unless moved: `spec.draft_device`); nothing here knows vLLM.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Mapping
 
 import torch
@@ -263,6 +265,21 @@ class DraftModel(nn.Module):
                 "mlp_bias": False, "dtype": "float32"}
 
 
+def policy_state(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The Hugging Face config (a dict) and the float32 state dict of the policy directory."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    config = json.loads((path / "config.json").read_text())
+    state: dict[str, torch.Tensor] = {}
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{path} holds no .safetensors weights for the draft model to start from")
+    for f in files:
+        state.update({k: v.float() for k, v in load_file(str(f)).items()})
+    return config, state
+
+
 def from_policy(config: Mapping, state: Mapping[str, torch.Tensor],
                 shape: DraftShape | None = None, seed: int = 0) -> DraftModel:
     """A draft for the policy whose Hugging Face config (a dict) and state dict are given:
@@ -301,4 +318,5 @@ def from_policy(config: Mapping, state: Mapping[str, torch.Tensor],
     return model
 
 
-__all__ = ["DraftModel", "DraftShape", "KVCache", "from_policy", "policy_parameters", "shape_for"]
+__all__ = ["DraftModel", "DraftShape", "KVCache", "from_policy", "policy_parameters",
+           "policy_state", "shape_for"]

@@ -93,13 +93,15 @@ def _prefill(model: DraftModel, ids: torch.Tensor, positions: torch.Tensor,
 
 def _draft_steps(model: DraftModel, logits: torch.Tensor, nxt_pos: torch.Tensor,
                  keys_valid: torch.Tensor, caches: list[KVCache], k: int, temperature: float,
-                 stop_below: float = 0.0, draw: Callable[[int], torch.Tensor] | None = None):
+                 stop_below: float = 0.0, draw: Callable[[int], torch.Tensor] | None = None,
+                 more: Callable[[torch.Tensor], bool] | None = None):
     """Up to k draft tokens per row from the prefill's last logits, one one-token step
     on the KV caches (room for k - 1 more slots) after each but the last: (tokens, each
     token's acceptance estimate at `temperature`, the key slots' validity after the steps,
     the distributions drawn from). Every row gets as many tokens; fewer than k once every
     row's path probability (the product of its estimates) is below `stop_below`, where no
-    row's draft would be kept further.
+    row's draft would be kept further, or once `more(path)` (given the rows' path
+    probabilities [b]) says the next step does not pay (`choice.worth_a_step`).
 
     draw None: greedy (the argmax; no distributions: None). draw(step): uniforms [b] in
     (0, 1), and each token is drawn from q = softmax(logits / temperature) with them
@@ -125,7 +127,8 @@ def _draft_steps(model: DraftModel, logits: torch.Tensor, nxt_pos: torch.Tensor,
         tokens.append(tok)
         probs.append(top)
         path = path * top
-        if step == k - 1 or bool((path < stop_below).all()):
+        if step == k - 1 or bool((path < stop_below).all()) \
+                or (more is not None and not more(path)):
             break
         keys_valid = torch.cat((keys_valid, new_slot), dim=1)
         logits = model(tok[:, None], nxt_pos[:, None], keys_valid[:, None, None], caches,
@@ -176,21 +179,24 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 @torch.inference_mode()
 def propose_cached(model: DraftModel, cache: DraftCache, req_ids: Sequence[Hashable],
                    contexts: Sequence[Sequence[int]], k: int, temperature: float = 1.0,
-                   stop_below: float = 0.0) -> tuple[list[list[int]], list[list[float]]]:
+                   stop_below: float = 0.0, more: Callable[[torch.Tensor], bool] | None = None
+                   ) -> tuple[list[list[int]], list[list[float]]]:
     """`propose` for running requests, reusing each request's keys and values from its
     last call as far as its context still agrees with what they were computed for (its
     context then, and the draft tokens after it). The drafts are `propose`'s (their first
-    tokens only, fewer than k, once every row's path probability is below `stop_below`:
-    `_draft_steps`); a context longer than the model's positions allow is recomputed
-    whole (its window moved)."""
-    toks, probs, _ = _cached(model, cache, req_ids, contexts, k, temperature, stop_below)
+    tokens only, fewer than k, once every row's path probability is below `stop_below` or
+    `more` says no further step pays: `_draft_steps`); a context longer than the model's
+    positions allow is recomputed whole (its window moved)."""
+    toks, probs, _ = _cached(model, cache, req_ids, contexts, k, temperature, stop_below,
+                             more=more)
     return toks, probs
 
 
 @torch.inference_mode()
 def sample_cached(model: DraftModel, cache: DraftCache, req_ids: Sequence[Hashable],
                   contexts: Sequence[Sequence[int]], k: int, temperature: float,
-                  seeds: Sequence[int], stop_below: float = 0.0
+                  seeds: Sequence[int], stop_below: float = 0.0,
+                  more: Callable[[torch.Tensor], bool] | None = None
                   ) -> tuple[list[list[int]], list[list[float]], list[torch.Tensor]]:
     """`propose_cached`, each token drawn from the model's distribution q at `temperature`
     instead of its argmax, row j's at absolute position t with `uniforms(seeds[j], t)`
@@ -199,10 +205,11 @@ def sample_cached(model: DraftModel, cache: DraftCache, req_ids: Sequence[Hashab
     step ([b, V] each: row j's first len(tokens[j]) of them are its draft's)."""
     if len(seeds) != len(contexts):
         raise ValueError(f"{len(seeds)} seeds for {len(contexts)} contexts")
-    return _cached(model, cache, req_ids, contexts, k, temperature, stop_below, seeds)
+    return _cached(model, cache, req_ids, contexts, k, temperature, stop_below, seeds, more)
 
 
-def _cached(model, cache, req_ids, contexts, k, temperature, stop_below, seeds=None):
+def _cached(model, cache, req_ids, contexts, k, temperature, stop_below, seeds=None,
+            more=None):
     """(tokens, estimates, distributions or None) of `propose_cached` / `sample_cached`."""
     if k <= 0 or not contexts:
         return [[] for _ in contexts], [[] for _ in contexts], ([] if seeds is not None else None)
@@ -263,7 +270,8 @@ def _cached(model, cache, req_ids, contexts, k, temperature, stop_below, seeds=N
         c.length = P
     logits = _prefill(model, ids, qpos, mask, caches)
     toks, probs, keys_valid, dists = _draft_steps(model, logits, qpos[:, -1] + 1, valid,
-                                                  caches, k, temperature, stop_below, draw)
+                                                  caches, k, temperature, stop_below, draw,
+                                                  more)
     for j, req in enumerate(req_ids):
         slots = torch.nonzero(keys_valid[j])[:, 0]  # past, new, then all drafted but the last
         cache._rows[req] = (ctxs[j] + toks[j][:len(toks[j]) - 1],

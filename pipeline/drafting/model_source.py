@@ -24,13 +24,19 @@ budget has granted the trees' drafts:
   weighted toward the requests predicted to end the step, per unit of the pass cost they
   add, priced with the fixed `DRAFT_COST` so that a seeded rerun chooses the same.
   Either way each source's estimates are first scaled by accepted over expected tokens of
-  its drafts so far in the rollout (`observe`, for both sources), so that a confident,
-  wrong source loses; the scaling restarts with every rollout.
+  its drafts so far in the rollout (`observe`, for both sources;
+  `pipeline.drafting.source_evidence`), so that a confident, wrong source loses; the
+  scaling restarts with every rollout.
 - the k of `propose_cached` is the most any request it runs for may draft in the pass (at
   most `max_len`, the engine's cap: `spec.thin_draft_tokens` in a thin pass, where the few
   running requests set the step's critical path). Under the `tree` budget the model stops
   drafting once every row's path probability is below `spec.min_path_prob`, past which
-  no row's draft is kept.
+  no row's draft is kept. Under the priced budgets each of its forward steps is priced
+  too (`_pays`): one step costs `step_fraction` of the memory-bound part of a pass (its
+  own parameters and LM-head rows over the policy's, both read once), and a step runs
+  only while the rows' next tokens, at most as likely accepted as their paths so far and
+  weighted as the choice weighs them, could pay for it; the model is not run at all in a
+  pass where not even a sure first token of every row would.
 
 Between steps `train(rollouts)` runs the trainer's fixed number of AdamW updates on the
 step's responses (never inside a rollout), and clears the cache, whose keys and values
@@ -42,7 +48,6 @@ checkpoint, so that `--resume` drafts and trains as the uninterrupted run.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,14 +56,16 @@ from typing import Callable, Hashable, Sequence
 import torch
 
 from pipeline.costs import DRAFT_COST
-from pipeline.drafting.choice import MODEL, TREE, ChoiceCosts, Options, SourceDraft, choose
-from pipeline.drafting.draft_model import from_policy, shape_for
+from pipeline.draft_shape import policy_parameters, step_fraction
+from pipeline.drafting.choice import (MODEL, TREE, ChoiceCosts, Options, SourceDraft, choose,
+                                      token_values, tree_draft, worth_a_step)
+from pipeline.drafting.draft_model import from_policy, policy_state, shape_for
 from pipeline.drafting.draft_propose import (DraftCache, expected_accepted, propose_cached,
                                              sample_cached)
 from pipeline.drafting.draft_train import DraftTrainer, TrainReport, TrainSettings
+from pipeline.drafting.source_evidence import SourceEvidence
 
 STATE_NAME = "model-rank-{rank}.safetensors"
-CALIBRATION_PRIOR = 8.0  # tokens: how much evidence the model's own estimates start with  # in a checkpoint's drafting/ folder
 
 
 @dataclass
@@ -75,29 +82,20 @@ class ModelStats:
     accepted: int = 0
     seconds: float = 0.0
     train_s: float = 0.0  # in `train` since the last reset
-
-
-def policy_state(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    """The Hugging Face config (a dict) and the float32 state dict of the policy directory."""
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    config = json.loads((path / "config.json").read_text())
-    state: dict[str, torch.Tensor] = {}
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"{path} holds no .safetensors weights for the draft model to start from")
-    for f in files:
-        state.update({k: v.float() for k, v in load_file(str(f)).items()})
-    return config, state
+    steps: int = 0  # the model's forwards (each pass that ran it: one per draft token)
+    # those forwards' cost in memory-bound target passes (sum of `ModelSource.step_fraction`)
+    step_reads: float = 0.0
 
 
 class ModelSource:
     """The draft model, its per-request caches and its choice against the trees."""
 
     def __init__(self, trainer: DraftTrainer, max_len: int, priced: bool = True,
-                 min_path_prob: float = 0.1, sample: bool = False):
+                 min_path_prob: float = 0.1, sample: bool = False, policy_params: int = 0):
+        """policy_params: the policy's parameters, what one of the model's forward steps
+        is priced against (`step_fraction`; 0: its steps are not priced)."""
         self.trainer = trainer
+        self.policy_params = int(policy_params)
         self.max_len = int(max_len)
         self.priced = priced
         self.min_path_prob = float(min_path_prob)
@@ -109,11 +107,8 @@ class ModelSource:
         self._dists: torch.Tensor | None = None
         self.cache = DraftCache()
         self.stats = ModelStats()
-        # this rollout's drafts by source: expected accepted tokens (the source's own
-        # estimate) and accepted ones, which scale later estimates (`_calibrated`); per
-        # request, the source and estimate of its draft out
-        self._evidence = {TREE: [0.0, 0.0], MODEL: [0.0, 0.0]}
-        self._out: dict[Hashable, tuple[str, float]] = {}
+        # how this rollout's drafts from each source fared, which scales later estimates
+        self.evidence = SourceEvidence()
 
     @classmethod
     def from_policy(cls, policy_dir: str | Path, *, layers: int, settings: TrainSettings,
@@ -125,7 +120,8 @@ class ModelSource:
         config, state = policy_state(policy_dir)
         model = from_policy(config, state, shape_for(config, layers=layers), seed=seed)
         model.to(device).eval()
-        return cls(DraftTrainer(model, settings, seed), max_len, priced, min_path_prob, sample)
+        return cls(DraftTrainer(model, settings, seed), max_len, priced, min_path_prob, sample,
+                   policy_parameters(config))
 
     # -- a rollout ----------------------------------------------------------------------
     def set_temperature(self, temperature: float) -> None:
@@ -134,6 +130,17 @@ class ModelSource:
         probabilities) drafts are the argmax."""
         self.temperature = float(temperature) if temperature > 0 else 1.0
         self.sampling = self.sample and temperature > 0
+
+    @property
+    def step_fraction(self) -> float:
+        """One forward step of the model as a share of a memory-bound target pass
+        (`pipeline.draft_shape.step_fraction`, its LM head over its draft vocabulary); 0
+        where the policy's size is not known."""
+        if not self.policy_params:
+            return 0.0
+        ids = self.trainer.model.draft_ids
+        return step_fraction(self.trainer.model.shape, None if ids is None else len(ids),
+                             self.policy_params)
 
     @property
     def vocab_ids(self) -> torch.Tensor | None:
@@ -171,10 +178,14 @@ class ModelSource:
                if available[j] > 0 and float(sum(probs)) < min(k, available[j]) - 1]
         out = [(TREE if toks else "none", list(toks)) for toks, _ in trees]
         raw = [float(sum(probs)) for _, probs in trees]  # a tree draft's expected accepted
+        ids = [req_ids[j] for j in run]
+        rem = remaining(ids) if run else []
+        more = self._pays(rem) if run and self.priced else None
+        if more is not None and not more(torch.ones(len(run))):
+            run = []  # not even a sure first token of every row would pay the model's step
         if run:
             k = min(k, max(available[j] for j in run))
             start = time.perf_counter()
-            ids = [req_ids[j] for j in run]
             stop = 0.0 if self.priced else self.min_path_prob
             contexts = [context(j) for j in run]
             if self.sampling:
@@ -182,27 +193,29 @@ class ModelSource:
                     raise ValueError("sampled drafts need each request's seed")
                 toks, probs, dists = sample_cached(
                     self.trainer.model, self.cache, ids, contexts, k, self.temperature,
-                    [seed(j) for j in run], stop)
+                    [seed(j) for j in run], stop, more)
             else:
                 toks, probs = propose_cached(self.trainer.model, self.cache, ids, contexts, k,
-                                             self.temperature, stop)
+                                             self.temperature, stop, more)
             self.stats.seconds += time.perf_counter() - start
             self.stats.passes += 1
             self.stats.ran += len(run)
-            rem = remaining(ids)
+            steps = len(toks[0])  # every row drafts as many tokens, one forward each
+            self.stats.steps += steps
+            self.stats.step_reads += steps * self.step_fraction
             options, models = [], []
             for n, j in enumerate(run):
                 cap = available[j]
                 model = SourceDraft(tuple(toks[n][:cap]), tuple(probs[n][:cap]))
                 models.append(model)
-                options.append(Options(req_ids[j], self._calibrated(
-                    _tree_draft(*trees[j]), TREE), self._calibrated(model, MODEL),
+                options.append(Options(req_ids[j], self.evidence.calibrated(
+                    tree_draft(*trees[j]), TREE), self.evidence.calibrated(model, MODEL),
                     tuple(rem[n])))
             if self.priced:
                 costs = ChoiceCosts(DRAFT_COST, max_len=self.max_len)  # the model's pass is paid
                 picks = [(c.source, c.tokens) for c in choose(options, costs)]
             else:
-                picks = [self._likelier(_tree_draft(*trees[j]), model)
+                picks = [self._likelier(tree_draft(*trees[j]), model)
                          for j, model in zip(run, models)]
             for n, (model, j, (source, tokens)) in enumerate(zip(models, run, picks)):
                 out[j] = (source, list(tokens))
@@ -220,20 +233,25 @@ class ModelSource:
                 self._picked = {j: r for r, j in enumerate(self._picked)}
         for req, (source, tokens), e in zip(req_ids, out, raw):
             if tokens:
-                self._out[req] = (source, e)
+                self.evidence.sent(req, source, e)
         return out
 
-    def _calibrated(self, draft: SourceDraft | None, source: str) -> SourceDraft | None:
-        """The draft with its first token's acceptance estimate scaled by how this
-        rollout's drafts from `source` fared: accepted over expected tokens, starting from
-        CALIBRATION_PRIOR tokens that met their estimate (a draft's expected accepted
-        tokens scale by the same factor; never up): what the priced rule weighs. A source
-        that is confident and wrong (a one-layer draft of a real model's text, trees on
-        text that wanders) then loses to the other and drafts less."""
-        ratio = self._ratio(source)
-        if draft is None or not draft.accept or ratio >= 1.0:
-            return draft
-        return SourceDraft(draft.tokens, (draft.accept[0] * ratio,) + draft.accept[1:])
+    def _pays(self, remaining: Sequence[tuple[float, float]]) -> Callable[[torch.Tensor], bool]:
+        """The priced budgets' rule for the model's forward steps (`choice.worth_a_step`):
+        given the rows' path probabilities so far, whether one more step pays for itself,
+        its cost `step_fraction` of the fixed pass cost's memory-bound part
+        (`DRAFT_COST.base_s`), each row's next token worth what `choose` will weigh it by
+        and at most as likely accepted as its path so far, scaled by how the model's drafts
+        fared in this rollout. A function of the model's outputs and fixed costs only, so
+        that a seeded rerun drafts the same."""
+        costs = ChoiceCosts(DRAFT_COST, max_len=self.max_len)
+        values = token_values(remaining, [1.0] * len(remaining), costs)
+        m, step_s, ratio = DRAFT_COST.per_token_s, DRAFT_COST.base_s * self.step_fraction, \
+            self.evidence.ratio(MODEL)
+
+        def more(path: torch.Tensor) -> bool:
+            return worth_a_step([float(p) * ratio for p in path.tolist()], values, m, step_s)
+        return more
 
     def _likelier(self, tree: SourceDraft | None,
                   model: SourceDraft) -> tuple[str, tuple[int, ...]]:
@@ -241,47 +259,33 @@ class ModelSource:
         the model's draft cut where its path probability falls below min_path_prob, as
         the trees cut theirs, if it is expected to have more tokens accepted than the
         tree's draft, each source's estimate scaled by how its drafts fared in this
-        rollout (`_ratio`); else the tree's."""
+        rollout (`SourceEvidence.ratio`); else the tree's."""
         keep, run, model_e = 0, 1.0, 0.0
         for a in model.accept:
             run *= float(a)
             if run < self.min_path_prob:
                 break
             keep, model_e = keep + 1, model_e + run
-        tree_e = expected_accepted(tree.accept) * self._ratio(TREE) if tree else 0.0
-        if keep and model_e * self._ratio(MODEL) > tree_e:
+        tree_e = expected_accepted(tree.accept) * self.evidence.ratio(TREE) if tree else 0.0
+        if keep and model_e * self.evidence.ratio(MODEL) > tree_e:
             return MODEL, model.tokens[:keep]
         return (TREE, tree.tokens) if tree else ("none", ())
-
-    def _ratio(self, source: str) -> float:
-        """Accepted over expected tokens of this rollout's drafts from `source`, from
-        CALIBRATION_PRIOR tokens that met their estimate; at most 1."""
-        expected, accepted = self._evidence[source]
-        return min(1.0, (accepted + CALIBRATION_PRIOR) / (expected + CALIBRATION_PRIOR))
 
     def observe(self, req_id: Hashable, proposed: int, accepted: int) -> None:
         """The request's last draft (the trees' or the model's) of `proposed` tokens had
         `accepted` accepted."""
-        out = self._out.pop(req_id, None)
-        if out is None:
-            return
-        source, expected = out
-        if source == MODEL:
+        if self.evidence.observe(req_id, accepted) == MODEL:
             self.stats.accepted += accepted
-        evidence = self._evidence[source]
-        evidence[0] += expected
-        evidence[1] += accepted
 
     def forget(self, req_id: Hashable) -> None:
         """The request stopped."""
         self.cache.forget(req_id)
-        self._out.pop(req_id, None)
+        self.evidence.forget(req_id)
 
     def end_step(self) -> None:
         """The rollout is over: caches and calibration go (each rollout learns its own)."""
         self.cache.clear()
-        self._out.clear()
-        self._evidence = {TREE: [0.0, 0.0], MODEL: [0.0, 0.0]}
+        self.evidence.reset()
 
     def reset_stats(self) -> ModelStats:
         """The counters so far; new ones start."""
@@ -333,16 +337,4 @@ class ModelSource:
         return True
 
 
-def _tree_draft(tokens: Sequence[int], path_probs: Sequence[float]) -> SourceDraft | None:
-    """The tree's granted draft as per-token acceptance estimates (the ratios of its path
-    probabilities: each token's given that the tokens before it were accepted)."""
-    if not tokens:
-        return None
-    accept, before = [], 1.0
-    for p in path_probs[:len(tokens)]:
-        accept.append(min(1.0, float(p) / before) if before > 0 else 0.0)
-        before = float(p)
-    return SourceDraft(tuple(tokens), tuple(accept))
-
-
-__all__ = ["ModelSource", "ModelStats", "STATE_NAME", "policy_state"]
+__all__ = ["ModelSource", "ModelStats", "STATE_NAME"]

@@ -316,7 +316,8 @@ class Drafting:
         out.update({f"spec_source_{k}": v for k, v in source_shares(new).items()})
         if self.model is not None:
             m = self.model.reset_stats()
-            out.update({"spec_model_rows": m.ran, "spec_model_chosen": m.chosen,
+            out.update({"spec_model_rows": m.ran, "spec_model_steps": m.steps,
+                        "spec_model_chosen": m.chosen,
                         "spec_model_drafted_tokens": m.drafted,
                         "spec_model_accepted_tokens": m.accepted,
                         "spec_model_sampled_rows": p.sampled})

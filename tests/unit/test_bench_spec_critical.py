@@ -98,3 +98,24 @@ def test_the_figure_shows_the_median_step_under_none_for_every_method():
     r["none"].steps[2]["critical_passes"] = 3  # 9, 4, 3: the median is step 1
     index, shown = figure_step(r)
     assert index == 1 and shown["history+group"]["passes"] == 3
+
+
+def test_a_draft_models_forwards_are_priced_on_the_same_gpu():
+    """Six forward steps of a draft each 5 % of a memory-bound pass: 0.3 weight reads."""
+    rs = results()
+    rs["history+group+model"] = MethodResult(**{**vars(rs["history+group"]),
+                                                "name": "history+group+model",
+                                                "model": {"passes": 2, "steps": 6,
+                                                          "step_reads": 0.3}})
+    s = summarize(rs, temperature=1.0)
+    spec, model = s["history+group"], s["history+group+model"]
+    assert "gpu_estimate_model_s" not in spec
+    w = H100_7B.weights_s
+    assert model["model_passes"] == 2 and model["model_steps"] == 6
+    assert model["gpu_estimate_model_s"] == pytest.approx(0.3 * w, abs=1e-4)
+    assert model["gpu_estimate_with_model_s"] == pytest.approx(spec["gpu_estimate_s"] + 0.3 * w,
+                                                               abs=1e-4)
+    assert model["gpu_estimate_model_speedup"] == pytest.approx(
+        s["none"]["gpu_estimate_s"] / model["gpu_estimate_with_model_s"], abs=1e-3)
+    merged = aggregate([s, s])["history+group+model"]
+    assert merged["gpu_estimate_with_model_s"] == model["gpu_estimate_with_model_s"]

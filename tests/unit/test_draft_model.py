@@ -654,3 +654,14 @@ def test_a_long_prefill_runs_a_few_rows_at_a_time_to_the_same_drafts(monkeypatch
     _verify(contexts, ids, parts[1][0], rng)
     assert propose_cached(model, cache, ids, [contexts[r] for r in ids], 4)[0] == \
         propose(model, [contexts[r] for r in ids], 4)[0]
+
+
+def test_a_draft_step_costs_its_own_parameters_and_head_rows_over_the_policys_by_hand():
+    from pipeline.draft_shape import step_fraction
+
+    shape = DraftShape(vocab_size=24, hidden_size=32, layers=1, heads=4, kv_heads=2,
+                       head_dim=8, intermediate_size=32, max_positions=64)
+    # attention 32*4*8*2 + 32*2*8*2 = 3,072; MLP 3*32*32 = 3,072; norms 64 + final 32
+    assert shape.own_parameters() == 6240
+    assert step_fraction(shape, None, 70080) == pytest.approx((6240 + 24 * 32) / 70080)
+    assert step_fraction(shape, 10, 70080) == pytest.approx((6240 + 10 * 32) / 70080)

@@ -79,3 +79,14 @@ def test_best_prefix_stops_where_tokens_stop_paying():
 def test_a_draft_needs_an_estimate_per_token():
     with pytest.raises(ValueError, match="2 tokens but 1 acceptance estimates"):
         SourceDraft((1, 2), (0.5,))
+
+
+def test_a_model_step_pays_when_its_best_case_gain_beats_its_cost():
+    from pipeline.drafting.choice import worth_a_step
+
+    values, m = [10e-3, 1e-4], 1e-4
+    # the request worth 10 ms a token, 5 % likely to reach its next token: 0.4 ms of gain
+    assert worth_a_step([0.05, 1.0], values, m, step_s=0.3e-3)
+    assert not worth_a_step([0.05, 1.0], values, m, step_s=0.5e-3)
+    # a token worth no more than its verification gains nothing, however sure
+    assert not worth_a_step([0.0, 1.0], values, m, step_s=0.0)

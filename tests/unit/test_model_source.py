@@ -168,3 +168,39 @@ def test_a_source_whose_drafts_fail_loses_to_the_other_for_the_rest_of_the_rollo
     assert [kind for kind, _ in picks].count(MODEL) < 8
     source.end_step()
     assert _choose(source, [doubtful])[0][0] == MODEL
+
+
+# -- the price of the model's own forward steps (the priced budgets) ----------------------
+def _priced_source(fraction: float, **kw) -> ModelSource:
+    """A source whose forward steps each cost `fraction` of a memory-bound target pass."""
+    source = _source(**kw)
+    own = SMALL.own_parameters() + SMALL.vocab_size * SMALL.hidden_size
+    source.policy_params = round(own / fraction)
+    assert source.step_fraction == pytest.approx(fraction, rel=1e-3)
+    return source
+
+
+def test_a_forward_step_of_the_model_runs_only_where_it_may_pay():
+    """One request, the one that ends the step: its first model token may pay a step of a
+    tenth of a pass; after it the near-random model's path (about 1/24) cannot pay another.
+    Free steps (the policy's size unknown) run on while a next token could pay for its own
+    verification: a second one (1/24 of a tail pass), not a third (1/576)."""
+    free = _source(updates=1)
+    first = _choose(free, [([], [])])[0]
+    assert free.stats.steps == 2 and first[0] == MODEL and len(first[1]) == 1
+    source = _priced_source(0.1, updates=1)
+    assert _choose(source, [([], [])])[0] == first
+    assert source.stats.steps == 1 and source.stats.step_reads == pytest.approx(0.1, rel=1e-3)
+
+
+def test_a_sure_model_keeps_drafting_at_the_same_step_price():
+    source = _trained()
+    source.policy_params = round((SMALL.own_parameters() + 24 * 32) / 0.1)
+    assert _choose(source, [([], [])])[0] == (MODEL, [5, 7, 9, 11])
+    assert source.stats.steps == 4
+
+
+def test_the_model_is_not_run_where_not_even_a_sure_first_token_pays_its_step():
+    source = _priced_source(2.0)  # a step costs two target passes
+    assert _choose(source, [([], []), ([5, 8], [0.5, 0.1])]) == [("none", []), (TREE, [5, 8])]
+    assert source.stats.passes == 0 and source.stats.steps == 0
