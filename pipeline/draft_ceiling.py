@@ -66,4 +66,31 @@ def step_ceiling(responses_hits: Sequence[Sequence[bool]], cap: int | None) -> i
     return max((oracle_passes(h, cap) for h in responses_hits), default=0)
 
 
-__all__ = ["oracle_passes", "step_ceiling"]
+def gap_closed(reference: float, method: float, oracle: float) -> float | None:
+    """The share of the reference method's gap to the oracle that `method` closes:
+    (reference - method) / (reference - oracle), in passes (or any count where lower is
+    better). 1: as few as the oracle; 0: no better than the reference; negative: worse;
+    above 1: fewer than the oracle (possible: the oracle drafts one chain of the policy's
+    argmax, and a draft sampled from a model's probabilities can beat it). None where the
+    reference leaves no gap (the oracle no better than it)."""
+    gap = reference - oracle
+    if gap <= 0:
+        return None
+    return round((reference - method) / gap, 4)
+
+
+def gaps_closed(methods: dict[str, tuple[float, float]], oracle: tuple[float, float],
+                reference: str = "history+group") -> dict[str, dict[str, float | None]]:
+    """Per method (but the reference and `none`), the share of the reference's gap to the
+    oracle it closes in total passes and on the median step's critical path. methods:
+    name -> (passes, median critical path); oracle: the same pair at the methods' draft
+    cap. {} without the reference."""
+    if reference not in methods:
+        return {}
+    ref_passes, ref_path = methods[reference]
+    return {name: {"passes": gap_closed(ref_passes, passes, oracle[0]),
+                   "critical_passes": gap_closed(ref_path, path, oracle[1])}
+            for name, (passes, path) in methods.items() if name not in (reference, "none")}
+
+
+__all__ = ["gap_closed", "gaps_closed", "oracle_passes", "step_ceiling"]

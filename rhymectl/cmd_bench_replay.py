@@ -121,6 +121,8 @@ def _render(result: dict) -> None:
 def _render_ceiling(ceiling: dict) -> None:
     from rich.table import Table
 
+    from rhymectl.cmd_bench_spec import render_gaps  # (it imports the bench group too)
+
     if not ceiling["steps"]:
         out.print("oracle: no summed step was sampled by a policy the run kept (its starting "
                   "model or a checkpoint)")
@@ -135,3 +137,4 @@ def _render_ceiling(ceiling: dict) -> None:
     for name, cap in ceiling["caps"].items():
         table.add_row(f"oracle {name}", f"{cap['passes']}")
     out.print(table)
+    render_gaps(ceiling.get("gap_closed"))

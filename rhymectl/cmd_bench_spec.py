@@ -145,7 +145,8 @@ def _measure(plan, names, config, overrides, plot, repeats=1, ceiling=False):
 
         log.print("ceiling: marking none's tokens with each checkpoint's argmax", markup=False)
         result["ceiling"] = oracle_ceiling(work, runs[0]["none"], plan.cfg.rollout.n,
-                                           summary.get("suffix"))
+                                           summary.get("suffix"), summary,
+                                           plan.cfg.spec.num_speculative_tokens)
     if running_path is not None:
         result["running_plot"] = str(running_path)
     return result, plot_path
@@ -242,6 +243,23 @@ def _render_ceiling(ceiling: dict | None) -> None:
         ratio = f", {c['over_suffix']:.2f}× suffix's" if "over_suffix" in c else ""
         out.print(f"  {name}: {c['passes']} passes, critical path {c['critical_passes']:g} "
                   f"per step{ratio}", markup=False)
+    render_gaps(ceiling.get("gap_closed"))
     if not ceiling["check"]:
         out.print("  (cap0 differs from none's measured critical path: a prefill split over "
                   "passes, or a response vLLM cut)", markup=False)
+
+
+def render_gaps(gaps: dict | None) -> None:
+    """One line per method: the share of history+group's gap to the oracle it closes
+    (`pipeline.draft_ceiling.gaps_closed`; `bench spec --ceiling`, `bench replay --ceiling`)."""
+    if not gaps or not gaps.get("methods"):
+        return
+
+    def share(value) -> str:
+        return "–" if value is None else f"{value:.0%}"
+
+    out.print(f"gap closed: the share of {gaps['reference']}'s passes over the oracle's (cap "
+              f"{gaps['cap']}) that each method takes off", markup=False)
+    for name, g in gaps["methods"].items():
+        out.print(f"  {name}: {share(g['passes'])} of the total, {share(g['critical_passes'])} "
+                  f"of the median step", markup=False)

@@ -63,4 +63,15 @@ def test_the_oracle_on_the_steps_whose_policy_is_known(policy_dir):
     assert got["caps"]["cap8"]["critical_passes_steps"] == [want]
     assert got["caps"]["cap8"]["over_suffix"] == round(want / 6, 4)
     assert got["methods"] == {"none": nones[1], "suffix": 6, "history+group": 5}
+    assert "gap_closed" not in got  # the result names no draft cap
     assert replay_ceiling(steps, {}, result, first_measured=1) == {"steps": []}
+    # with the run's draft cap: each method against history+group, on the covered step
+    result["num_speculative_tokens"] = 2
+    got = replay_ceiling(steps, {0: policy_dir}, result, first_measured=1)
+    want2 = max(oracle_passes(argmax_hits(model, p, r), 2)
+                for p, group in zip([p1, p2], responses) for r in group)
+    assert got["caps"]["cap2"]["critical_passes_steps"] == [want2]
+    gaps = got["gap_closed"]
+    assert gaps["cap"] == 2 and set(gaps["methods"]) == {"suffix"}
+    share = round((5 - 6) / (5 - want2), 4) if want2 < 5 else None
+    assert gaps["methods"]["suffix"] == {"passes": share, "critical_passes": share}

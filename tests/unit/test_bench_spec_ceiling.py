@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pipeline.bench.spec import EpochWork, StepWork
-from pipeline.bench.spec_ceiling import argmax_hits, oracle_ceiling
+from pipeline.bench.spec_ceiling import CAPS, argmax_hits, oracle_ceiling
 
 N = 2  # responses per prompt
 
@@ -55,9 +55,38 @@ def test_the_oracle_drafts_argmax_responses_whole(policy_dir):
     assert caps["unbounded"]["passes"] <= caps["cap16"]["passes"] <= caps["cap8"]["passes"]
     assert caps["cap8"]["over_suffix"] == round(want[8] / 10, 4)
     assert 0 < result["argmax_share"] < 1
+    assert "gap_closed" not in result  # no methods given
+    # the run's own cap joins the caps; the gap is measured against the oracle at it
+    methods = {"none": {"passes": 12, "critical_passes": 12},
+               "history+group": {"passes": 11, "critical_passes": 11},
+               "history+group+model": {"passes": 7, "critical_passes": 7}}
+    got = oracle_ceiling(work, SimpleNamespace(outputs=outputs, steps=none.steps), N,
+                         methods=methods, cap=3)
+    oracle3 = max(oracle_passes(argmax_hits(model, p, o), 3)
+                  for p, o in zip([p1, p1, p2, p2], outputs))
+    assert got["caps"]["cap3"]["passes"] == oracle3 and set(CAPS) < set(got["caps"])
+    assert oracle3 < 11
+    assert got["gap_closed"] == {"cap": 3, "reference": "history+group", "methods": {
+        "history+group+model": {"passes": round(4 / (11 - oracle3), 4),
+                                "critical_passes": round(4 / (11 - oracle3), 4)}}}
 
 
 def test_an_empty_response_has_no_marks(policy_dir):
     from pipeline.bench.spec_ceiling import load_policy
 
     assert argmax_hits(load_policy(policy_dir), [1, 2], []) == []
+
+
+def test_the_gap_closed_is_printed_a_line_per_method(capsys):
+    from rhymectl.cmd_bench_spec import render_gaps
+
+    render_gaps({"cap": 8, "reference": "history+group", "methods": {
+        "history+group+model": {"passes": 0.3215, "critical_passes": None},
+        "suffix": {"passes": -0.5, "critical_passes": -0.25}}})
+    text = capsys.readouterr().out
+    assert "history+group's passes over the oracle's (cap 8)" in text
+    assert "history+group+model: 32% of the total, – of the median step" in text
+    assert "suffix: -50% of the total, -25% of the median step" in text
+    render_gaps(None)
+    render_gaps({"cap": 8, "reference": "history+group", "methods": {}})
+    assert capsys.readouterr().out == ""

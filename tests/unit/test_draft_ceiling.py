@@ -2,7 +2,7 @@
 
 import pytest
 
-from pipeline.draft_ceiling import oracle_passes, step_ceiling
+from pipeline.draft_ceiling import gap_closed, gaps_closed, oracle_passes, step_ceiling
 
 T, F = True, False
 
@@ -39,3 +39,21 @@ def test_a_step_lasts_as_long_as_its_slowest_response():
 def test_a_negative_cap_is_refused():
     with pytest.raises(ValueError, match="cap"):
         oracle_passes([T, T], cap=-1)
+
+
+def test_the_gap_closed_is_the_share_of_the_reference_s_lead_over_the_oracle_taken_off():
+    # history+group 700 passes, the oracle 300: a method at 600 closes 100 of 400
+    assert gap_closed(700, 600, 300) == 0.25
+    assert gap_closed(700, 300, 300) == 1.0 and gap_closed(700, 700, 300) == 0.0
+    assert gap_closed(700, 800, 300) == -0.25  # worse than the reference
+    assert gap_closed(700, 200, 300) == 1.25  # sampled drafts can beat the argmax chain
+    assert gap_closed(300, 250, 300) is None and gap_closed(300, 250, 320) is None
+
+
+def test_gaps_closed_per_method_in_passes_and_on_the_median_step():
+    methods = {"none": (1000, 100), "suffix": (800, 70), "history+group": (700, 60),
+               "history+group+model": (550, 45)}
+    got = gaps_closed(methods, (400, 30))
+    assert got == {"suffix": {"passes": round(-100 / 300, 4), "critical_passes": round(-10 / 30, 4)},
+                   "history+group+model": {"passes": 0.5, "critical_passes": 0.5}}
+    assert gaps_closed({"suffix": (800, 70)}, (400, 30)) == {}  # no reference
