@@ -53,26 +53,28 @@ def spec(
                                  "drafter that always drafted the policy's own most likely "
                                  "tokens (the oracle), from none's responses and one forward "
                                  "of each checkpoint."),
+    seeds: Optional[str] = typer.Option(None, "--seeds", help="Comma-separated run.seed "
+                                        "values: one training run per seed (RUN_DIR-seedS), "
+                                        "every method measured on each, and passes over "
+                                        "suffix's summarised over the seeds (median, min-max): "
+                                        "at T > 0 a method's passes depend on the draw, which "
+                                        "--repeats does not change. [the config's run.seed]"),
     json_out: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
 ) -> None:
     from rhymectl.parsing import parse_methods
 
     names = parse_methods(methods)  # before the heavy imports: a typo fails at once
-    from pipeline.bench.spec_plan import ensure_trained, make_plan
-    from pipeline.config import load_config
-    from pipeline.loop.preflight import preflight
-
     if repeats < 1:
         raise UsageError(f"--repeats {repeats}: need at least 1")
     extra = list(overrides or [])
-    cfg = load_config(config, extra)
-    preflight(cfg, world_size=1)
-    plan = make_plan(cfg, epochs, run_dir)
-    if ensure_trained(plan, config, extra):
-        log.print(f"trained {plan.total_steps} steps into {plan.run_dir}", markup=False)
-    else:
-        log.print(f"reusing the trained epochs in {plan.run_dir}", markup=False)
-    result, plot_path = _measure(plan, names, config, extra, plot, repeats, ceiling)
+    if seeds is not None:
+        from pipeline.bench.e2e import parse_seeds
+
+        _over_seeds(config, extra, names, epochs, run_dir, plot, repeats, ceiling,
+                    parse_seeds(seeds), json_out)
+        return
+    result, plot_path = _trained_and_measured(config, extra, names, epochs, run_dir, plot,
+                                              repeats, ceiling)
     if json_out:
         emit_json({**result, "plot": str(plot_path)})
     else:
@@ -81,6 +83,84 @@ def spec(
     if result.get("running_plot"):
         log.print(f"running requests by pass: {result['running_plot']}", markup=False,
                   soft_wrap=True)
+
+
+def _trained_and_measured(config, extra, names, epochs, run_dir, plot, repeats, ceiling,
+                          seed: int | None = None):
+    """Train (or reuse) the bench's run, then measure every method on it. With a seed, the
+    run is `run.seed` = seed's, in RUN_DIR-seedS (the plot's name ends in -seedS too)."""
+    from pipeline.bench.spec_plan import ensure_trained, make_plan
+    from pipeline.config import load_config
+    from pipeline.loop.preflight import preflight
+
+    if seed is not None:
+        extra = [*extra, f"run.seed={seed}"]
+    cfg = load_config(config, extra)
+    preflight(cfg, world_size=1)
+    plan = make_plan(cfg, epochs, run_dir)
+    if seed is not None:
+        plan = make_plan(cfg, epochs, plan.run_dir.with_name(f"{plan.run_dir.name}-seed{seed}"))
+        plot = plot and plot.with_name(f"{plot.stem}-seed{seed}{plot.suffix}")
+    if ensure_trained(plan, config, extra):
+        log.print(f"trained {plan.total_steps} steps into {plan.run_dir}", markup=False)
+    else:
+        log.print(f"reusing the trained epochs in {plan.run_dir}", markup=False)
+    return _measure(plan, names, config, extra, plot, repeats, ceiling)
+
+
+def _over_seeds(config, extra, names, epochs, run_dir, plot, repeats, ceiling, seeds,
+                json_out) -> None:
+    """`--seeds`: the bench once per seed, then the methods' passes over the seeds."""
+    from pipeline.bench.spec_seeds import across_seeds
+    from pipeline.config import load_config
+    from pipeline.loop.preflight import preflight
+
+    for seed in seeds:  # every seed's config checked before the first trains
+        preflight(load_config(config, [*extra, f"run.seed={seed}"]), world_size=1)
+    results = {}
+    for seed in seeds:
+        log.print(f"seed {seed}", markup=False)
+        result, plot_path = _trained_and_measured(config, extra, names, epochs, run_dir, plot,
+                                                  repeats, ceiling, seed)
+        results[seed] = {**result, "plot": str(plot_path)}
+        log.print(f"plot: {plot_path}", markup=False, soft_wrap=True)
+    summary = across_seeds({s: r["methods"] for s, r in results.items()},
+                           {s: r.get("ceiling", {}).get("gap_closed") for s, r in results.items()})
+    if json_out:
+        emit_json({"seeds": {str(s): r for s, r in results.items()}, "across_seeds": summary})
+        return
+    for seed, result in results.items():
+        out.print(f"seed {seed}", markup=False)
+        _render_spec(result)
+    render_seeds(summary)
+
+
+def render_seeds(summary: dict) -> None:
+    """The methods' passes over the seeds (`pipeline.bench.spec_seeds.across_seeds`)."""
+    from rich.table import Table
+
+    seeds = next(iter(summary.values()), {}).get("seeds", [])
+    table = Table(title=f"over seeds {', '.join(map(str, seeds))}: medians (min–max); "
+                        f"ratios to suffix taken within each seed")
+    columns = [("passes", "passes", "{:g}"), ("passes_over_suffix", "× suffix", "{:.2f}"),
+               ("critical_passes", "median step", "{:g}"),
+               ("critical_over_suffix", "step × suffix", "{:.2f}")]
+    if any("gap_passes" in m for m in summary.values()):
+        columns += [("gap_passes", "gap closed", "{:.0%}"),
+                    ("gap_critical", "step gap closed", "{:.0%}")]
+    table.add_column("method")
+    for _, head, _ in columns:
+        table.add_column(head, justify="right", no_wrap=True)
+    for name, m in summary.items():
+        cells = []
+        for key, _, fmt in columns:
+            if m.get(key) is None:
+                cells.append("–")
+            else:
+                cells.append(f"{fmt.format(m[key])} ({fmt.format(m[key + '_min'])}–"
+                             f"{fmt.format(m[key + '_max'])})")
+        table.add_row(name, *cells)
+    out.print(table)
 
 
 def _measure(plan, names, config, overrides, plot, repeats=1, ceiling=False):
