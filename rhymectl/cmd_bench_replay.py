@@ -121,7 +121,7 @@ def _render(result: dict) -> None:
 def _render_ceiling(ceiling: dict) -> None:
     from rich.table import Table
 
-    from rhymectl.cmd_bench_spec import render_gaps  # (it imports the bench group too)
+    from rhymectl.spec_tables import render_gaps
 
     if not ceiling["steps"]:
         out.print("oracle: no summed step was sampled by a policy the run kept (its starting "

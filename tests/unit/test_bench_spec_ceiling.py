@@ -78,7 +78,7 @@ def test_an_empty_response_has_no_marks(policy_dir):
 
 
 def test_the_gap_closed_is_printed_a_line_per_method(capsys):
-    from rhymectl.cmd_bench_spec import render_gaps
+    from rhymectl.spec_tables import render_gaps
 
     render_gaps({"cap": 8, "reference": "history+group", "methods": {
         "history+group+model": {"passes": 0.3215, "critical_passes": None},

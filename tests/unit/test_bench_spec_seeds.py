@@ -119,7 +119,7 @@ def test_bad_seeds_exit_2_before_anything_runs(monkeypatch, capsys):
 
 
 def test_the_summary_over_seeds_is_a_table(capsys, monkeypatch):
-    from rhymectl.cmd_bench_spec import out, render_seeds
+    from rhymectl.spec_tables import out, render_seeds
 
     monkeypatch.setattr(out, "width", 200)
     per_seed = {0: summary((800, 80), (700, 60), (560, 52)),
