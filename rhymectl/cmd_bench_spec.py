@@ -127,13 +127,28 @@ def _over_seeds(config, extra, names, epochs, run_dir, plot, repeats, ceiling, s
         log.print(f"plot: {plot_path}", markup=False, soft_wrap=True)
     summary = across_seeds({s: r["methods"] for s, r in results.items()},
                            {s: r.get("ceiling", {}).get("gap_closed") for s, r in results.items()})
+    png = _seeds_plot(summary, results, plot)
+    log.print(f"over the seeds: {png}", markup=False, soft_wrap=True)
     if json_out:
-        emit_json({"seeds": {str(s): r for s, r in results.items()}, "across_seeds": summary})
+        emit_json({"seeds": {str(s): r for s, r in results.items()}, "across_seeds": summary,
+                   "plot": str(png)})
         return
     for seed, result in results.items():
         out.print(f"seed {seed}", markup=False)
         render_spec(result)
     render_seeds(summary)
+
+
+def _seeds_plot(summary: dict, results: dict, plot: Path | None) -> Path:
+    """The PNG over the seeds: PLOT-seeds.png, by default beside the first seed's plot."""
+    from pipeline.bench.figures import write_seeds_plot
+
+    first = Path(plot) if plot else Path(next(iter(results.values()))["plot"])
+    path = first.with_name(f"{first.stem}-seeds{first.suffix}")
+    load = next(iter(results.values())).get("workload", {})
+    title = (f"{load.get('task', 'bench spec')}: seeds {', '.join(map(str, results))}, "
+             f"T={load.get('temperature', '?')} (dots: one seed each)")
+    return write_seeds_plot(summary, path, title)
 
 
 def _measure(plan, names, config, overrides, plot, repeats=1, ceiling=False):

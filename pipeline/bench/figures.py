@@ -41,6 +41,33 @@ def write_plot(summary: dict[str, dict], path: str | Path, title: str) -> Path:
     return write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
 
 
+def write_seeds_plot(summary: dict[str, dict], path: str | Path, title: str) -> Path:
+    """`bench spec --seeds`: per method (but `none`), its total passes and its median
+    step over `suffix`'s, one dot per seed and a bar at the median
+    (`pipeline.bench.spec_seeds.across_seeds`)."""
+    from matplotlib.figure import Figure
+
+    names = [n for n in summary if n != "none"]
+    fig = Figure(figsize=(10, 4), layout="constrained")
+    axes = fig.subplots(1, 2, sharey=True)
+    x = np.arange(len(names))
+    for ax, key, label in ((axes[0], "passes_over_suffix", "target passes over suffix's"),
+                           (axes[1], "critical_over_suffix", "median step over suffix's")):
+        medians = [summary[n][key] or 0.0 for n in names]
+        bars = ax.bar(x, medians, color="#4c72b0", alpha=0.6, label="median over seeds")
+        ax.bar_label(bars, fmt="%.2f", fontsize=9, label_type="center")
+        for i, n in enumerate(names):
+            runs = [v for v in summary[n][f"{key}_runs"] if v is not None]
+            ax.plot([i] * len(runs), runs, "o", color="black", ms=4,
+                    label="one seed" if i == 0 else None)
+        ax.axhline(1.0, color="black", lw=0.8, ls="--")
+        ax.set(title=label, xticks=list(x))
+        ax.set_xticklabels(names, rotation=20, ha="right")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title)
+    return write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+
+
 RUNNING_COLORS = {"none": "#4c72b0", "suffix": "#dd8452", "history+group": "#55a868"}
 
 

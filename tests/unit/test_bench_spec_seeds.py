@@ -108,6 +108,8 @@ def test_every_seed_trains_its_own_run_and_is_measured_on_it(tmp_path, monkeypat
     assert measured == [(1, tmp_path / "x-seed1.png", 2), (2, tmp_path / "x-seed2.png", 2)]
     result = json.loads(out)
     assert set(result["seeds"]) == {"1", "2"}
+    assert result["plot"] == str(tmp_path / "x-seeds.png")
+    assert (tmp_path / "x-seeds.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert result["across_seeds"]["history+group+model"]["passes_over_suffix_runs"] == [0.7, 0.7]
 
 
