@@ -39,6 +39,7 @@ from statistics import median
 import torch
 
 from pipeline.atomic import write_atomic
+from pipeline.bench.warm_corpus import add_warm_arguments
 from pipeline.process_exit import exit_now
 
 
@@ -61,15 +62,22 @@ def replay_passes(model, prompts, responses, k: int, keep=None) -> tuple[list[in
         if keep is not None:
             drafts = [d[:n] for d, n in zip(drafts, keep(live, drafts, probs, done, passes))]
         verified += sum(map(len, drafts))
-        for i, draft in zip(live, drafts):
-            rest = responses[i][done[i]:]
-            match = 0
-            while match < min(len(draft), len(rest) - 1) and draft[match] == rest[match]:
-                match += 1
-            done[i] += match + 1
-            passes[i] += 1
-        live = [i for i in live if done[i] < len(responses[i])]
+        live = accept(responses, live, drafts, done, passes)
     return passes, verified
+
+
+def accept(responses, live: list[int], drafts, done: list[int], passes: list[int]) -> list[int]:
+    """One replayed pass: each live response i emits the longest prefix of its draft that
+    matches its recorded tokens after done[i], plus one token (a one-hot draft token is
+    accepted exactly where the target sampled it); returns the responses still running."""
+    for i, draft in zip(live, drafts):
+        rest = responses[i][done[i]:]
+        match = 0
+        while match < min(len(draft), len(rest) - 1) and draft[match] == rest[match]:
+            match += 1
+        done[i] += match + 1
+        passes[i] += 1
+    return [i for i in live if done[i] < len(responses[i])]
 
 
 def choice_keep(groups: list[int], lengths: list[int], model_pass_s: float,
@@ -139,34 +147,36 @@ def _warm_up(trainer, cfg, policy_dir: Path, args) -> dict:
     return out
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.bench.draft_model_replay")
+def replay_parser(prog: str, updates: int) -> argparse.ArgumentParser:
+    """The options every draft replay tool takes (`draft_model_replay`, `eagle_replay`):
+    the run, the steps, the draft length, the updates a step, the draft's share of the
+    policy, threads, seed, JSON output and the warm-up's `--warm-*`."""
+    ap = argparse.ArgumentParser(prog=prog)
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--steps", type=int, default=0, help="replay the first N steps (0: all)")
     ap.add_argument("--k", type=int, default=8, help="draft tokens a pass")
-    ap.add_argument("--updates", type=int, default=40, help="AdamW updates per step")
-    ap.add_argument("--layers", type=int, default=1)
+    ap.add_argument("--updates", type=int, default=updates, help="AdamW updates per step")
     ap.add_argument("--max-fraction", type=float, default=0.10)
-    ap.add_argument("--draft-vocab", type=int, default=0,
-                    help="draft from the N most frequent trained-on tokens (0: all)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
+    add_warm_arguments(ap)
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = replay_parser("python -m pipeline.bench.draft_model_replay", updates=40)
+    ap.add_argument("--layers", type=int, default=1)
+    ap.add_argument("--draft-vocab", type=int, default=0,
+                    help="draft from the N most frequent trained-on tokens (0: all)")
     ap.add_argument("--choice", action="store_true",
                     help="also replay each step with model drafts sized by the choice rule")
     ap.add_argument("--model-pass-ms", type=float, default=3.0,
                     help="the choice rule's price of running the draft model in a pass")
     ap.add_argument("--model-row-ms", type=float, default=0.03,
                     help="the choice rule's price of one row of the draft model's batch")
-    ap.add_argument("--warm-corpus", type=Path, default=None,
-                    help="warm the draft up first on the corpus in FILE (made there if absent)")
-    ap.add_argument("--warm-updates", type=int, default=200, help="AdamW updates of the warm-up")
     ap.add_argument("--warm-distill", type=int, default=8,
                     help="the warm-up learns the policy's top-K tokens (0: the sampled ones)")
-    ap.add_argument("--warm-prompts", type=int, default=64,
-                    help="data-set rows after the trained ones the corpus is made from")
-    ap.add_argument("--warm-samples", type=int, default=4, help="responses per warm-up prompt")
-    ap.add_argument("--warm-max-new", type=int, default=256, help="tokens per warm-up response")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 

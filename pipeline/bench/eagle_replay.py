@@ -22,7 +22,6 @@ all). The head (`pipeline.bench.eagle_head`) is EAGLE-1's; its layer and `fc` ar
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
@@ -48,6 +47,7 @@ def replay_passes(head, prompts, responses, feats, k: int) -> list[int]:
     """Passes each response takes when every pass drafts `k` greedy tokens of the head
     (batched over the responses still running) and accepts the draft's prefix that
     matches the recorded response, plus one token."""
+    from pipeline.bench.draft_model_replay import accept
     from pipeline.bench.eagle_head import draft_cached, prefix_states
 
     states = prefix_states(head, [p + r for p, r in zip(prompts, responses)], feats)
@@ -57,36 +57,18 @@ def replay_passes(head, prompts, responses, feats, k: int) -> list[int]:
     while live:
         drafts = draft_cached(head, [states[i] for i in live],
                               [len(prompts[i]) + done[i] for i in live], k)[0].tolist()
-        for i, d in zip(live, drafts):
-            rest = responses[i][done[i]:]
-            match = 0
-            while match < min(len(d), len(rest) - 1) and d[match] == rest[match]:
-                match += 1
-            done[i] += match + 1
-            passes[i] += 1
-        live = [i for i in live if done[i] < len(responses[i])]
+        live = accept(responses, live, drafts, done, passes)
     return passes
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.bench.eagle_replay")
-    ap.add_argument("run_dir", type=Path)
-    ap.add_argument("--steps", type=int, default=0, help="replay the first N steps (0: all)")
-    ap.add_argument("--k", type=int, default=8, help="draft tokens a pass")
-    ap.add_argument("--updates", type=int, default=20, help="AdamW updates per step")
+    from pipeline.bench.draft_model_replay import replay_parser
+
+    ap = replay_parser("python -m pipeline.bench.eagle_replay", updates=20)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--window", type=int, default=3, help="steps an update draws from")
-    ap.add_argument("--max-fraction", type=float, default=0.10)
     ap.add_argument("--source-layer", type=int, default=0,
                     help="the policy layer the head's layer starts from")
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--warm-corpus", type=Path, default=None)
-    ap.add_argument("--warm-updates", type=int, default=200)
-    ap.add_argument("--warm-prompts", type=int, default=64)
-    ap.add_argument("--warm-samples", type=int, default=4)
-    ap.add_argument("--warm-max-new", type=int, default=256)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)

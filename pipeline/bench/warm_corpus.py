@@ -75,6 +75,19 @@ def make_corpus(cfg, prompts: int, samples: int, max_new: int, seed: int = 0,
     return corpus
 
 
+def add_warm_arguments(ap) -> None:
+    """The `--warm-*` options of a replay tool that warms its draft up on a corpus
+    (`draft_model_replay`, `eagle_replay`): `--warm-corpus` and how the corpus is made and
+    trained on."""
+    ap.add_argument("--warm-corpus", type=Path, default=None,
+                    help="warm the draft up first on the corpus in FILE (made there if absent)")
+    ap.add_argument("--warm-updates", type=int, default=200, help="AdamW updates of the warm-up")
+    ap.add_argument("--warm-prompts", type=int, default=64,
+                    help="data-set rows after the trained ones the corpus is made from")
+    ap.add_argument("--warm-samples", type=int, default=4, help="responses per warm-up prompt")
+    ap.add_argument("--warm-max-new", type=int, default=256, help="tokens per warm-up response")
+
+
 def corpus_at(path: Path, cfg, prompts: int, samples: int, max_new: int,
               seed: int = 0) -> list[tuple[list[int], list[int]]]:
     """The corpus stored at `path`, or a new one (`make_corpus`) written there."""
@@ -85,4 +98,4 @@ def corpus_at(path: Path, cfg, prompts: int, samples: int, max_new: int,
     return corpus
 
 
-__all__ = ["corpus_at", "load_corpus", "make_corpus"]
+__all__ = ["add_warm_arguments", "corpus_at", "load_corpus", "make_corpus"]
