@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from statistics import median
@@ -147,6 +148,18 @@ def _warm_up(trainer, cfg, policy_dir: Path, args) -> dict:
     return out
 
 
+def run_tool(main, argv=None) -> int:
+    """`main(argv)` of a replay tool, a bad input (`UsageError`: no run directory, a
+    missing model) one line on stderr and exit code 2 instead of a traceback."""
+    from pipeline.errors import UsageError
+
+    try:
+        return main(argv)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
 def replay_parser(prog: str, updates: int) -> argparse.ArgumentParser:
     """The options every draft replay tool takes (`draft_model_replay`, `eagle_replay`):
     the run, the steps, the draft length, the updates a step, the draft's share of the
@@ -248,4 +261,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    exit_now(main())
+    exit_now(run_tool(main))

@@ -144,4 +144,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    exit_now(main())
+    from pipeline.bench.draft_model_replay import run_tool
+
+    exit_now(run_tool(main))

@@ -5,6 +5,7 @@ budget, and each recorded step's features come from the policy that sampled it."
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from pipeline.bench.eagle_head import (EagleHead, HeadTrainer, draft, draft_cached,
@@ -91,6 +92,18 @@ def test_the_head_stays_within_its_share_of_the_policy_parameters():
                        state["model.layers.0.self_attn.q_proj.weight"])
     assert torch.equal(head.layer.mlp.down_proj.weight,
                        state["model.layers.0.mlp.down_proj.weight"][:, :width])
+
+
+@pytest.mark.parametrize("tool", ["eagle_replay", "draft_model_replay"])
+def test_a_directory_that_is_not_a_run_is_one_line_and_exit_2(tmp_path, capsys, tool):
+    import importlib
+
+    from pipeline.bench.draft_model_replay import run_tool
+
+    main = importlib.import_module(f"pipeline.bench.{tool}").main
+    assert run_tool(main, [str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "is not a run directory" in err
 
 
 def test_each_step_reads_the_features_of_the_policy_that_sampled_it(tmp_path):
