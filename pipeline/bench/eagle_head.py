@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.draft_shape import DraftShape, policy_parameters, shape_for
-from pipeline.drafting.draft_model import KVCache, _Layer
+from pipeline.drafting.draft_model import KVCache, from_policy
 
 
 @torch.no_grad()
@@ -76,18 +76,14 @@ class EagleHead(nn.Module):
             self.fc.weight.normal_(0.0, 0.02, generator=gen)
             self.fc.weight[:, h:] += torch.eye(h)  # the feature passes through
             self.fc.bias.zero_()
-        self.layer = _Layer(shape)
-        pre = f"model.layers.{source_layer}."
-        own = dict(self.layer.named_parameters())
-        with torch.no_grad():
-            for name, p in own.items():
-                value = state[pre + name]
-                if name.startswith("mlp."):  # the MLP cut to the head's width
-                    value = value[:, :p.shape[1]] if "down" in name else value[:p.shape[0]]
-                p.copy_(value.float())
-        half = shape.head_dim // 2
-        inv = 1.0 / shape.rope_theta ** (torch.arange(0, half, dtype=torch.float32) / half)
-        self.register_buffer("inv_freq", inv, persistent=False)
+        # the layer and RoPE of a one-layer token draft (`from_policy`: the policy layer's
+        # attention and norms whole, its MLP cut to the width) started from `source_layer`
+        src = f"model.layers.{source_layer}."
+        as_first = {**state, **{"model.layers.0." + k[len(src):]: v
+                                for k, v in state.items() if k.startswith(src)}}
+        draft = from_policy(config, as_first, shape, seed=seed)
+        self.layer = draft.model.layers[0]
+        self.register_buffer("inv_freq", draft.inv_freq.clone(), persistent=False)
 
     def own_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

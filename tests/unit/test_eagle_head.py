@@ -74,7 +74,8 @@ def test_the_head_stays_within_its_share_of_the_policy_parameters():
               "head_dim": 32, "intermediate_size": 512, "num_hidden_layers": 4,
               "vocab_size": 101, "tie_word_embeddings": True, "max_position_embeddings": 256}
     g = torch.Generator().manual_seed(0)
-    state = {"model.embed_tokens.weight": torch.randn(101, 128, generator=g)}
+    state = {"model.embed_tokens.weight": torch.randn(101, 128, generator=g),
+             "model.norm.weight": torch.ones(128)}
     for name, shape in (("input_layernorm.weight", (128,)),
                         ("post_attention_layernorm.weight", (128,)),
                         ("self_attn.q_proj.weight", (128, 128)),
